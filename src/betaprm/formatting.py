@@ -1,0 +1,113 @@
+"""Turning (question, steps) into token ids with exactly one marker after every step.
+
+The alignment guarantee: the marker is a special token of the tokenizer, so it is never
+merged with the text around it, and the text itself may not contain the marker string.
+After tokenisation the number of marker tokens is checked against the number of steps;
+a mismatch is an error, never a silent shift of labels onto the wrong steps.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import BetaPRMInputError
+
+DEFAULT_TEMPLATE = "Question: {question}\nProcess: {process}"
+
+__all__ = ["DEFAULT_TEMPLATE", "TraceFormat", "format_trace", "encode_trace", "encode_traces"]
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    """How a trace is laid out as text before tokenisation."""
+
+    template: str = DEFAULT_TEMPLATE
+    """Text around the process; must contain ``{question}`` and ``{process}`` once each."""
+    marker: str = "<prm>"
+    """The step marker written after every step; the PRM reads its scores there."""
+    step_separator: str = ""
+    """Text between a marker and the next step (the paper uses none)."""
+    chat_template: bool = False
+    """Wrap the formatted trace in the tokenizer's chat template, as the assistant turn
+    after an empty user turn (the layout of the authors' InternVL PRMs)."""
+
+    def __post_init__(self):
+        fields = [f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None]
+        if sorted(fields) != ["process", "question"]:
+            raise BetaPRMInputError(
+                f"template must contain {{question}} and {{process}} exactly once each and no "
+                f"other fields; got fields {fields} in {self.template!r}. Write literal braces as "
+                "'{{' and '}}'."
+            )
+        if not self.marker:
+            raise BetaPRMInputError("marker must be a non-empty string, e.g. '<prm>'")
+        if self.marker in self.template.replace("{question}", "").replace("{process}", ""):
+            raise BetaPRMInputError(f"template {self.template!r} contains the marker {self.marker!r}")
+
+
+def _check_text(text: str, what: str, marker: str) -> None:
+    if not isinstance(text, str):
+        raise BetaPRMInputError(f"{what} must be a string, got {type(text).__name__}: {text!r:.80}")
+    if marker in text:
+        raise BetaPRMInputError(
+            f"{what} contains the marker text {marker!r}, which would add a scoring position "
+            f"that belongs to no step: {text!r:.120}. Remove or escape it in the data, or "
+            "choose another marker."
+        )
+
+
+def format_trace(question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat(), tokenizer=None) -> str:
+    """The text of one trace: ``template`` with the question and ``s1<prm>s2<prm>...``.
+
+    With ``fmt.chat_template`` the text is wrapped by ``tokenizer``'s chat template.
+    """
+    _check_text(question, "the question", fmt.marker)
+    if isinstance(steps, str) or len(steps) == 0:
+        raise BetaPRMInputError(f"steps must be a non-empty list of strings, got {steps!r:.80}")
+    for i, step in enumerate(steps):
+        _check_text(step, f"step {i + 1}", fmt.marker)
+    process = fmt.step_separator.join(step + fmt.marker for step in steps)
+    # Literal pieces are joined by hand: str.format would choke on braces inside the
+    # question (LaTeX!), and str.replace would re-scan substituted text.
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(fmt.template):
+        parts.append(literal)
+        if field is not None:
+            parts.append(question if field == "question" else process)
+    text = "".join(parts)
+    if fmt.chat_template:
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise BetaPRMInputError(
+                "chat_template=True but the tokenizer has no chat template; set chat_template=False "
+                "or use a tokenizer that has one"
+            )
+        messages = [{"role": "user", "content": ""}, {"role": "assistant", "content": text}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    return text
+
+
+def encode_traces(
+    tokenizer, marker_id: int, traces: Sequence[tuple[str, Sequence[str]]], fmt: TraceFormat = TraceFormat()
+) -> list[list[int]]:
+    """Token ids of many ``(question, steps)`` traces, each verified to hold exactly
+    ``len(steps)`` marker tokens. One batched tokenizer call for speed."""
+    texts = [format_trace(q, s, fmt, tokenizer) for q, s in traces]
+    # A chat template already writes the special tokens it wants (BOS and turn tags).
+    encoded = tokenizer(texts, add_special_tokens=not fmt.chat_template)["input_ids"]
+    for (question, steps), ids in zip(traces, encoded):
+        found = sum(1 for t in ids if t == marker_id)
+        if found != len(steps):
+            raise BetaPRMInputError(
+                f"the formatted trace holds {found} marker tokens for {len(steps)} steps, so scores "
+                f"would not line up with steps (question {question!r:.60}). The tokenizer or chat "
+                f"template changed the marker {fmt.marker!r}; check that it is a special token of "
+                "this tokenizer and that the chat template keeps the assistant text verbatim."
+            )
+    return encoded
+
+
+def encode_trace(tokenizer, marker_id: int, question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat()) -> list[int]:
+    """Token ids of one trace; see ``encode_traces``."""
+    return encode_traces(tokenizer, marker_id, [(question, steps)], fmt)[0]

@@ -1,0 +1,366 @@
+"""``BetaPRM``: a process reward model with a Beta belief at every step marker.
+
+At each marker position the backbone's hidden state ``h`` gives
+
+- ``mu    = softmax(z_Yes, z_No)[Yes]`` from the two reward-token rows of the output
+  embedding only (never the full-vocabulary logits of every position), and
+- ``kappa = softplus(w . h + b) + kappa_min`` from a linear head initialised so that
+  ``kappa == kappa_init`` before training.
+
+Checkpoints are Hugging Face directories: the backbone and tokenizer as transformers
+writes them (safetensors), ``kappa_head.safetensors``, and ``betaprm_config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .errors import BetaPRMInputError
+from .formatting import DEFAULT_TEMPLATE, TraceFormat
+
+__all__ = ["BetaPRM", "BetaPRMConfig", "BetaPRMOutput"]
+
+CONFIG_NAME = "betaprm_config.json"
+HEAD_NAME = "kappa_head.safetensors"
+
+
+@dataclass
+class BetaPRMConfig:
+    """Everything besides the backbone that defines a BetaPRM (saved as JSON)."""
+
+    marker: str = "<prm>"
+    reward_tokens: tuple[str, str] = ("Yes", "No")
+    kappa_init: float = 4.0
+    kappa_min: float = 1e-3
+    template: str = DEFAULT_TEMPLATE
+    step_separator: str = ""
+    chat_template: bool = False
+    # Resolved against the tokenizer at creation and checked again at load time.
+    marker_id: int = -1
+    reward_token_ids: tuple[int, int] = (-1, -1)
+    auto_class: str = "AutoModelForCausalLM"
+    # The tokenizer class and the ids it gives a probe text at save time: transformers 5
+    # may pick another tokenizer class from config.json's model_type on reload (a
+    # Qwen2 backbone gets Qwen2Tokenizer, which splits digits), so the class is pinned
+    # and the probe proves the reloaded tokenizer still tokenises the same way.
+    tokenizer_class: str = ""
+    tokenizer_probe_ids: list[int] = field(default_factory=list)
+    betaprm_version: str = field(default_factory=lambda: _version())
+
+    def __post_init__(self):
+        self.reward_tokens = tuple(self.reward_tokens)
+        self.reward_token_ids = tuple(self.reward_token_ids)
+        problems = []
+        if len(self.reward_tokens) != 2 or self.reward_tokens[0] == self.reward_tokens[1]:
+            problems.append(f"reward_tokens must be two different strings, got {self.reward_tokens!r}")
+        if not self.kappa_min >= 0:
+            problems.append(f"kappa_min must be >= 0, got {self.kappa_min}")
+        if not self.kappa_init > self.kappa_min:
+            problems.append(f"kappa_init must exceed kappa_min ({self.kappa_min}), got {self.kappa_init}")
+        if problems:
+            raise BetaPRMInputError("; ".join(problems))
+
+    @property
+    def trace_format(self) -> TraceFormat:
+        return TraceFormat(self.template, self.marker, self.step_separator, self.chat_template)
+
+
+@dataclass
+class BetaPRMOutput:
+    """Per-marker outputs, flattened over the batch in row-major (row, position) order.
+
+    ``reward_logits``: (M, 2) float32 ``[z_Yes, z_No]``; ``mu``, ``kappa``: (M,) float32;
+    ``row``: (M,) long, the batch row each marker came from.
+    """
+
+    reward_logits: torch.Tensor
+    mu: torch.Tensor
+    kappa: torch.Tensor
+    row: torch.Tensor
+
+    @property
+    def sigma(self) -> torch.Tensor:
+        return torch.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("betaprm")
+    except Exception:  # running from a source tree without installation
+        return "0+unknown"
+
+
+def _inverse_softplus(y: float) -> float:
+    return y + math.log(-math.expm1(-y))
+
+
+# Digits, spaces, unicode, LaTeX and the reward words: what tokenizers disagree on.
+_PROBE_TEXT = "Question: 12 + 345 = 357? Yes No yes no  \\frac{1}{2} Ünïcödé 温度 π≈3.14\n\tdone."
+
+
+def _probe_ids(tokenizer) -> list[int]:
+    return list(tokenizer.encode(_PROBE_TEXT, add_special_tokens=False))
+
+
+def _single_token_id(tokenizer, word: str, role: str) -> int:
+    ids = tokenizer.encode(word, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        raise BetaPRMInputError(
+            f"the {role} {word!r} is not a single token for this tokenizer: it encodes to {ids} "
+            f"({pieces}). mu is read from one logit per reward word, so pass reward_tokens= two "
+            "words that are single tokens (try a leading space, e.g. (' Yes', ' No'), or "
+            "('+', '-'))."
+        )
+    return ids[0]
+
+
+class BetaPRM(nn.Module):
+    """A causal-LM backbone plus a kappa head; see the module docstring."""
+
+    def __init__(self, backbone: nn.Module, tokenizer, config: BetaPRMConfig, kappa_head: nn.Linear | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.config = config
+        hidden = _hidden_size(backbone)
+        if kappa_head is None:
+            # Initialised once, here, at creation: never again at train start or resume
+            # (the authors' code re-initialised it on every start, wiping a trained head).
+            kappa_head = nn.Linear(hidden, 1, dtype=torch.float32)
+            with torch.no_grad():
+                kappa_head.weight.zero_()
+                kappa_head.bias.fill_(_inverse_softplus(config.kappa_init - config.kappa_min))
+        self.kappa_head = kappa_head.to(device=_device_of(backbone), dtype=torch.float32)
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def from_backbone(
+        cls,
+        model_or_path,
+        tokenizer=None,
+        marker: str = "<prm>",
+        reward_tokens: Sequence[str] = ("Yes", "No"),
+        kappa_init: float = 4.0,
+        kappa_min: float = 1e-3,
+        *,
+        template: str = DEFAULT_TEMPLATE,
+        step_separator: str = "",
+        chat_template: bool = False,
+        trust_remote_code: bool = False,
+        dtype=None,
+    ) -> "BetaPRM":
+        """Wrap a causal LM (an instance, or a local directory / hub id) as a BetaPRM.
+
+        Adds ``marker`` as a special token when the tokenizer lacks it (new embedding
+        rows set to the mean of the existing ones) and resolves the two reward words to
+        single token ids.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model_or_path, (str, os.PathLike)):
+            path = str(model_or_path)
+            backbone = AutoModelForCausalLM.from_pretrained(
+                path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=None
+            )
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        else:
+            backbone = model_or_path
+            if tokenizer is None:
+                raise BetaPRMInputError(
+                    "from_backbone got a model instance but no tokenizer; pass tokenizer= (the "
+                    "one the model was trained with)"
+                )
+        config = BetaPRMConfig(
+            marker=marker,
+            reward_tokens=tuple(reward_tokens),
+            kappa_init=kappa_init,
+            kappa_min=kappa_min,
+            template=template,
+            step_separator=step_separator,
+            chat_template=chat_template,
+        )
+        TraceFormat(template, marker, step_separator, chat_template)  # validates the template
+        config.marker_id = _add_marker(backbone, tokenizer, marker)
+        yes = _single_token_id(tokenizer, config.reward_tokens[0], "reward token")
+        no = _single_token_id(tokenizer, config.reward_tokens[1], "reward token")
+        if config.marker_id in (yes, no):
+            raise BetaPRMInputError(f"the marker {marker!r} and a reward token share token id {config.marker_id}")
+        if yes == no:
+            raise BetaPRMInputError(f"the reward tokens {config.reward_tokens!r} map to the same token id {yes}")
+        config.reward_token_ids = (yes, no)
+        return cls(backbone, tokenizer, config)
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def device(self) -> torch.device:
+        return _device_of(self.backbone)
+
+    def _decoder(self) -> nn.Module:
+        # The base model returns hidden states without applying the LM head, so no
+        # full-vocabulary logits are ever computed. For *ForCausalLM classes it is
+        # the ``base_model_prefix`` attribute (``model`` for Llama and Qwen2).
+        base = getattr(self.backbone, "base_model", None)
+        if base is None or base is self.backbone:
+            raise BetaPRMInputError(
+                f"{type(self.backbone).__name__} exposes no base model to read hidden states from; "
+                "BetaPRM needs a *ForCausalLM (or vision-language *ForConditionalGeneration) backbone"
+            )
+        return base
+
+    def reward_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, H) marker hidden states -> (M, 2) float32 ``[z_Yes, z_No]``.
+
+        Equal to the two reward columns of the backbone's full logits at those positions,
+        including the final-logit transforms some architectures apply.
+        """
+        head = self.backbone.get_output_embeddings()
+        ids = torch.tensor(self.config.reward_token_ids, device=head.weight.device)
+        weight = head.weight.index_select(0, ids).float()  # (2, H)
+        z = hidden.float() @ weight.T
+        if getattr(head, "bias", None) is not None:
+            z = z + head.bias.index_select(0, ids).float()
+        cfg = getattr(self.backbone.config, "get_text_config", lambda: self.backbone.config)()
+        scale = getattr(cfg, "logit_scale", None)  # Cohere
+        if scale is not None:
+            z = z * scale
+        cap = getattr(cfg, "final_logit_softcapping", None)  # Gemma 2/3
+        if cap:
+            z = torch.tanh(z / cap) * cap
+        return z
+
+    def kappa_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``."""
+        return F.softplus(self.kappa_head(hidden.float()).squeeze(-1)) + self.config.kappa_min
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **backbone_inputs) -> BetaPRMOutput:
+        """Scores at every marker of a right- or left-padded batch ``input_ids`` (B, S)."""
+        out = self._decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **backbone_inputs)
+        hidden = out.last_hidden_state  # (B, S, H)
+        marker_mask = input_ids == self.config.marker_id  # (B, S)
+        row = marker_mask.nonzero(as_tuple=True)[0]
+        h = hidden[marker_mask]  # (M, H), row-major order
+        z = self.reward_logits(h)
+        mu = torch.softmax(z, dim=-1)[:, 0]
+        return BetaPRMOutput(reward_logits=z, mu=mu, kappa=self.kappa_from_hidden(h), row=row)
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, question: str, candidates, batch_size: int = 16):
+        """Score every candidate of one question; returns one ``StepScores`` each.
+
+        ``candidates``: lists of step strings, or dicts with a ``"steps"`` list.
+        """
+        from .scoring import score_traces
+
+        steps = [c["steps"] if isinstance(c, dict) else c for c in candidates]
+        return score_traces(self, [(question, s) for s in steps], batch_size=batch_size)
+
+    # ------------------------------------------------------------------ save / load
+    def save_pretrained(self, save_directory) -> None:
+        """Write a Hugging Face-style directory (safetensors only, no pickle)."""
+        from safetensors.torch import save_file
+
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.kappa_head.state_dict().items()}
+        save_file(state, path / HEAD_NAME, metadata={"format": "pt"})
+        self.config.tokenizer_class = type(self.tokenizer).__name__
+        self.config.tokenizer_probe_ids = _probe_ids(self.tokenizer)
+        (path / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory, *, trust_remote_code: bool = False, dtype=None, device=None) -> "BetaPRM":
+        """Load a directory written by ``save_pretrained``."""
+        import transformers
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        cfg_file = path / CONFIG_NAME
+        if not cfg_file.is_file():
+            raise BetaPRMInputError(
+                f"{path} is not a BetaPRM checkpoint: {CONFIG_NAME} is missing. For a plain causal LM "
+                "use BetaPRM.from_backbone(path)."
+            )
+        raw = json.loads(cfg_file.read_text())
+        known = set(BetaPRMConfig.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise BetaPRMInputError(f"{cfg_file}: unknown keys {unknown}; this betaprm knows {sorted(known)}")
+        config = BetaPRMConfig(**raw)
+        auto = getattr(transformers, config.auto_class, None)
+        if auto is None or not config.auto_class.startswith("AutoModel"):
+            raise BetaPRMInputError(f"{cfg_file}: auto_class {config.auto_class!r} is not a transformers AutoModel class")
+        backbone = auto.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True)
+        tok_cls = getattr(transformers, config.tokenizer_class, None) if config.tokenizer_class else None
+        tokenizer = (tok_cls or transformers.AutoTokenizer).from_pretrained(path, trust_remote_code=trust_remote_code)
+        if config.tokenizer_probe_ids and _probe_ids(tokenizer) != config.tokenizer_probe_ids:
+            raise BetaPRMInputError(
+                f"{path}: the tokenizer loaded as {type(tokenizer).__name__} tokenises a probe text "
+                f"differently from the {config.tokenizer_class} the model was saved with; its inputs "
+                "would not be what it was trained on. Load the tokenizer the model was saved with."
+            )
+        marker_id = tokenizer.convert_tokens_to_ids(config.marker)
+        reward_ids = tuple(_single_token_id(tokenizer, w, "reward token") for w in config.reward_tokens)
+        if marker_id != config.marker_id or reward_ids != config.reward_token_ids:
+            raise BetaPRMInputError(
+                f"{path}: the saved tokenizer maps marker/reward tokens to {marker_id}/{reward_ids}, but "
+                f"the model was trained with {config.marker_id}/{config.reward_token_ids}; the tokenizer "
+                "files do not belong to this checkpoint"
+            )
+        head = nn.Linear(_hidden_size(backbone), 1, dtype=torch.float32)
+        head.load_state_dict(load_file(path / HEAD_NAME))
+        model = cls(backbone, tokenizer, config, kappa_head=head)
+        if device is not None:
+            model.to(device)
+        return model.eval()
+
+
+def _hidden_size(backbone) -> int:
+    emb = backbone.get_output_embeddings()
+    if emb is None or not hasattr(emb, "weight"):
+        raise BetaPRMInputError(f"{type(backbone).__name__} has no output embedding (LM head) to read reward logits from")
+    return emb.weight.shape[1]
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def _add_marker(backbone, tokenizer, marker: str) -> int:
+    """Make ``marker`` a special token of ``tokenizer`` and give it an embedding row."""
+    from tokenizers import AddedToken
+
+    old_len = len(tokenizer)
+    added = tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
+    marker_id = tokenizer.convert_tokens_to_ids(marker)
+    if added == 0:
+        return marker_id
+    emb_in = backbone.get_input_embeddings()
+    old_rows = emb_in.weight.shape[0]
+    if len(tokenizer) > old_rows:
+        backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    # New rows start at the mean of the rows of real tokens: an "average token" is a
+    # neutral start, where random rows can be far out of distribution.
+    known = min(old_len, old_rows)
+    with torch.no_grad():
+        for emb in (backbone.get_input_embeddings(), backbone.get_output_embeddings()):
+            if emb is None:
+                continue
+            emb.weight[marker_id] = emb.weight[:known].mean(dim=0)
+            if getattr(emb, "bias", None) is not None:
+                emb.bias[marker_id] = emb.bias[:known].mean()
+    return marker_id

