@@ -60,6 +60,16 @@ def _pad_id(tokenizer) -> int:
     return 0 if pad is None else pad
 
 
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, S) ``input_ids`` and ``attention_mask``; right padding keeps
+    every real token at its unpadded position, so batched == one-by-one."""
+    rows = [torch.as_tensor(s, dtype=torch.long) for s in seqs]
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_id)
+    lengths = torch.tensor([len(s) for s in seqs])
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+    return ids, mask
+
+
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (longest first)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -81,14 +91,9 @@ def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int = 1
     prm.eval()
     try:
         for batch in length_batches([len(t) for t in token_ids], batch_size):
-            width = max(len(token_ids[i]) for i in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for r, i in enumerate(batch):  # right padding: positions stay 0..len-1
-                ids[r, : len(token_ids[i])] = torch.as_tensor(token_ids[i])
-                mask[r, : len(token_ids[i])] = 1
+            ids, mask = pad_batch([token_ids[i] for i in batch], pad)
             with _autocast(device):
-                out = prm(ids.to(device), attention_mask=mask.to(device))
+                out = prm(ids.to(device, non_blocking=True), attention_mask=mask.to(device, non_blocking=True))
             counts = torch.bincount(out.row, minlength=len(batch)).tolist()
             mus = out.mu.float().cpu().split(counts)
             kappas = out.kappa.float().cpu().split(counts)

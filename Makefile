@@ -1,0 +1,35 @@
+# Two commands from a fresh clone: `make test` and `make demo`.
+# torch goes in first and pinned, so that no other requirement pulls a multi-GB CUDA
+# build onto a CPU machine. Users with GPUs override it, e.g.
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.betaprm-installed
+
+.PHONY: install test test-all demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+# The fast tier (CI): everything except tests marked slow.
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/betaprm demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/scoring.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,52 @@
+"""The ``betaprm`` command line: one thin module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import BetaPRMInputError
+from . import demo
+
+COMMANDS = {"demo": demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..model import _version
+
+    parser = argparse.ArgumentParser(
+        prog="betaprm",
+        description=(
+            "Process reward models that report how reliable each step reward is: at every "
+            "step marker a BetaPRM gives a Beta belief (mu, kappa) over the chance that the "
+            "trace, continued from there, ends correct."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"betaprm {_version()}")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for input errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks for input errors")
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args._run(args) or 0
+    except BetaPRMInputError as e:
+        if args.debug:
+            raise
+        print(f"betaprm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
