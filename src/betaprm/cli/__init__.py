@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..errors import BetaPRMInputError
-from . import demo
+from . import demo, validate
 
-COMMANDS = {"demo": demo}
+COMMANDS = {"demo": demo, "validate": validate}
 
 
 def build_parser() -> argparse.ArgumentParser:
