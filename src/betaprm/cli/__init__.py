@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..errors import BetaPRMInputError
-from . import demo, validate
+from . import convert, demo, validate
 
-COMMANDS = {"demo": demo, "validate": validate}
+COMMANDS = {"demo": demo, "validate": validate, "convert": convert}
 
 
 def build_parser() -> argparse.ArgumentParser:
