@@ -16,7 +16,7 @@ from .errors import BetaPRMInputError
 
 DEFAULT_TEMPLATE = "Question: {question}\nProcess: {process}"
 
-__all__ = ["DEFAULT_TEMPLATE", "TraceFormat", "format_trace", "encode_trace", "encode_traces"]
+__all__ = ["DEFAULT_TEMPLATE", "TraceFormat", "encode_trace", "encode_traces", "fit_to_length", "format_trace"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +111,23 @@ def encode_traces(
 def encode_trace(tokenizer, marker_id: int, question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat()) -> list[int]:
     """Token ids of one trace; see ``encode_traces``."""
     return encode_traces(tokenizer, marker_id, [(question, steps)], fmt)[0]
+
+
+def fit_to_length(ids: Sequence[int], marker_id: int, max_length: int) -> tuple[list[int], int]:
+    """Cut an encoded trace to at most ``max_length`` tokens, keeping only whole steps.
+
+    Returns ``(ids, n_steps_kept)``: the tokens up to and including the last marker that
+    fits, so the kept markers are exactly the first ``n_steps_kept`` steps' markers and
+    their labels stay aligned (the model is causal: a marker never sees later tokens).
+    ``n_steps_kept == 0`` means not even the first step fits.
+    """
+    ids = list(ids)
+    total = sum(1 for t in ids if t == marker_id)
+    if len(ids) <= max_length:
+        return ids, total
+    last = -1
+    kept = 0
+    for i, t in enumerate(ids[:max_length]):
+        if t == marker_id:
+            last, kept = i, kept + 1
+    return (ids[: last + 1], kept) if kept else ([], 0)

@@ -212,8 +212,11 @@ class BetaPRM(nn.Module):
         # The base model returns hidden states without applying the LM head, so no
         # full-vocabulary logits are ever computed. For *ForCausalLM classes it is
         # the ``base_model_prefix`` attribute (``model`` for Llama and Qwen2).
-        base = getattr(self.backbone, "base_model", None)
-        if base is None or base is self.backbone:
+        model = self.backbone
+        if hasattr(model, "get_base_model"):  # a peft (LoRA) wrapper: the adapted model inside
+            model = model.get_base_model()
+        base = getattr(model, "base_model", None)
+        if base is None or base is model:
             raise BetaPRMInputError(
                 f"{type(self.backbone).__name__} exposes no base model to read hidden states from; "
                 "BetaPRM needs a *ForCausalLM (or vision-language *ForConditionalGeneration) backbone"

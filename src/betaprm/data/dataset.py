@@ -1,0 +1,93 @@
+"""Counts records -> token ids with aligned labels, and the batch collator for training."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import BetaPRMInputError
+from ..formatting import encode_traces, fit_to_length
+from ..scoring import pad_batch
+from .records import Record
+
+
+@dataclass
+class EncodeStats:
+    """What fitting records to ``max_length`` did (reported at the end of training)."""
+
+    records: int = 0
+    truncated_records: int = 0
+    dropped_steps: int = 0
+    rejected_too_long: int = 0
+    steps: int = 0
+
+    def describe(self, max_length: int) -> str:
+        return (
+            f"{self.records} records ({self.steps} steps) fit max_length {max_length}; "
+            f"{self.truncated_records} truncated to whole steps ({self.dropped_steps} steps dropped), "
+            f"{self.rejected_too_long} rejected as too long"
+        )
+
+
+class CountsDataset(torch.utils.data.Dataset):
+    """Encoded examples: ``input_ids`` with one marker per kept step, and K, N per kept step."""
+
+    def __init__(self, examples: list[dict], stats: EncodeStats):
+        self.examples = examples
+        self.stats = stats
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.examples[i]
+
+
+def encode_records(prm, records: Sequence[Record], max_length: int, truncation: str = "keep-steps", chunk: int = 512, progress=None) -> CountsDataset:
+    """Tokenise ``records`` for training.
+
+    ``truncation="keep-steps"``: a record longer than ``max_length`` keeps the whole
+    steps whose markers fit, with their labels; ``"reject"``: such a record is left out.
+    Either way a record whose first step does not fit is left out, and all of it is
+    counted in the returned dataset's ``stats``.
+    """
+    if truncation not in ("keep-steps", "reject"):
+        raise BetaPRMInputError(f"truncation must be 'keep-steps' or 'reject', got {truncation!r}")
+    if max_length < 2:
+        raise BetaPRMInputError(f"max_length must be at least 2, got {max_length}")
+    marker_id = prm.config.marker_id
+    stats = EncodeStats()
+    examples = []
+    for start in range(0, len(records), chunk):
+        batch = records[start : start + chunk]
+        encoded = encode_traces(prm.tokenizer, marker_id, [(r.question, r.steps) for r in batch], prm.config.trace_format)
+        for r, ids in zip(batch, encoded):
+            kept_ids, kept = fit_to_length(ids, marker_id, max_length)
+            if kept < len(r.steps):
+                if truncation == "reject" or kept == 0:
+                    stats.rejected_too_long += 1
+                    continue
+                stats.truncated_records += 1
+                stats.dropped_steps += len(r.steps) - kept
+            examples.append({"input_ids": kept_ids, "mc_correct": list(r.mc_correct[:kept]), "mc_total": list(r.mc_total[:kept])})
+            stats.records += 1
+            stats.steps += kept
+        if progress is not None:
+            progress(len(batch))
+    return CountsDataset(examples, stats)
+
+
+class CountsCollator:
+    """Right-pads ``input_ids`` and concatenates K and N in row-major marker order, the
+    order in which ``BetaPRM.forward`` returns its per-marker outputs."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict]) -> dict:
+        ids, mask = pad_batch([f["input_ids"] for f in features], self.pad_id)
+        k = torch.tensor([v for f in features for v in f["mc_correct"]], dtype=torch.float32)
+        n = torch.tensor([v for f in features for v in f["mc_total"]], dtype=torch.float32)
+        return {"input_ids": ids, "attention_mask": mask, "mc_correct": k, "mc_total": n}

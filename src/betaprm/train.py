@@ -1,0 +1,406 @@
+"""Training a BetaPRM (or the standard soft-label PRM) with the transformers Trainer.
+
+Objectives, per supervised marker (averaged over the markers of a micro-batch):
+
+- ``beta-binomial``: ``NLL_BetaBinomial(K | N, mu, kappa) + lambda_reg * |sg(mu) - K/N| * kappa``
+- ``soft-ce``: cross-entropy of ``mu`` against ``K/N`` (the standard PRM; kappa unused)
+- ``hard-ce``: cross-entropy against ``1[K/N > hard_threshold]``
+
+Losses are computed in float32 whatever the backbone dtype. The kappa head has its own
+optimiser parameter group with ``head_lr_multiplier`` times the learning rate (a real
+group, not a gradient hook: under Adam a scaled gradient barely changes the step), and
+no weight decay on biases and norms. Checkpoints hold the full model state in
+safetensors plus the Trainer's optimiser, scheduler, RNG and data position, so
+``resume_from_checkpoint`` continues exactly; the final model is a BetaPRM directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
+from .errors import BetaPRMInputError
+
+OBJECTIVES = ("beta-binomial", "soft-ce", "hard-ce")
+STATE_NAME = "model.safetensors"
+
+
+def _f(default, help_text, **kw):
+    return field(default=default, metadata={"help": help_text, **kw})
+
+
+@dataclass
+class TrainConfig:
+    """``betaprm train`` options. Defaults are the paper's (appendix A.2)."""
+
+    model: str = _f("", "causal-LM directory or hub id to start from, or a BetaPRM checkpoint to continue")
+    data: str = _f("", "training records (JSONL; see `betaprm validate`)")
+    output_dir: str = _f("outputs/betaprm", "where checkpoints and the final BetaPRM are written")
+    objective: str = _f("beta-binomial", "beta-binomial (BetaPRM), soft-ce (the standard PRM) or hard-ce")
+    lambda_reg: float = _f(0.05, "weight of the evidence regulariser (beta-binomial only)")
+    hard_threshold: float = _f(0.5, "hard-ce: a step is correct when K/N > this (0 gives Math-Shepherd's 'any success')")
+    learning_rate: float = _f(1e-5, "peak learning rate of the backbone")
+    head_lr_multiplier: float = _f(10.0, "the kappa head's learning rate is this times learning_rate")
+    weight_decay: float = _f(0.05, "AdamW weight decay (not applied to biases, norms or the kappa head)")
+    lr_scheduler_type: str = _f("cosine", "transformers scheduler name")
+    warmup_ratio: float = _f(0.05, "fraction of steps for linear warmup")
+    num_train_epochs: float = _f(1.0, "epochs over the data")
+    max_steps: int = _f(-1, "stop after this many optimiser steps (-1: run the epochs)")
+    global_batch_size: int = _f(512, "traces per optimiser step, over all devices (reached by gradient accumulation)")
+    per_device_batch_size: int = _f(4, "traces per forward pass on each device")
+    max_length: int = _f(8192, "tokens per trace; longer traces keep the whole steps that fit")
+    truncation: str = _f("keep-steps", "keep-steps: cut long traces after the last whole step that fits; reject: leave them out")
+    lora_r: int = _f(0, "LoRA rank (0: full fine-tuning)")
+    lora_alpha: int = _f(32, "LoRA alpha")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_target_modules: str = _f("all-linear", "comma-separated module names for LoRA, or all-linear")
+    precision: str = _f("auto", "auto (bf16 where the GPU supports it, else fp32), bf16 or fp32")
+    gradient_checkpointing: bool = _f(False, "trade compute for memory")
+    logging_steps: int = _f(10, "log every this many optimiser steps")
+    save_steps: int = _f(500, "save a checkpoint every this many optimiser steps")
+    save_total_limit: int = _f(2, "keep at most this many checkpoints")
+    report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
+    seed: int = _f(42, "random seed (model init, data order)")
+    resume_from_checkpoint: str | None = _f(None, "checkpoint directory to resume from, or 'last' for the newest in output_dir")
+    on_error: str = _f("fail", "fail: stop on any bad record; skip: leave bad records out (see --rejects)")
+    rejects: str | None = _f(None, "where skipped records go (default: OUTPUT_DIR/rejects.jsonl)")
+    marker: str = _f("<prm>", "the step marker token")
+    reward_tokens: str = _f("Yes,No", "the two reward words, positive first, comma-separated")
+    kappa_init: float = _f(4.0, "kappa of a new head before training")
+    kappa_min: float = _f(1e-3, "lower bound added to softplus")
+    chat_template: bool = _f(False, "wrap traces in the tokenizer's chat template (assistant turn)")
+    trust_remote_code: bool = _f(False, "allow model code from the checkpoint (off unless you trust it)")
+    dataloader_num_workers: int = _f(0, "data loader worker processes")
+    use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
+    ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
+
+    def __post_init__(self):
+        problems = []
+        if not self.model:
+            problems.append("--model is required (a causal-LM directory or a BetaPRM checkpoint)")
+        if not self.data:
+            problems.append("--data is required (a JSONL file of counts records)")
+        if self.objective not in OBJECTIVES:
+            problems.append(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.truncation not in ("keep-steps", "reject"):
+            problems.append(f"--truncation must be keep-steps or reject, got {self.truncation!r}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            problems.append(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.on_error not in ("fail", "skip"):
+            problems.append(f"--on-error must be fail or skip, got {self.on_error!r}")
+        for name in ("global_batch_size", "per_device_batch_size", "logging_steps", "save_steps"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if len(self.reward_words) != 2:
+            problems.append(f"--reward-tokens must be two comma-separated words, got {self.reward_tokens!r}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            problems.append(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.lora_r < 0:
+            problems.append(f"--lora-r must be >= 0, got {self.lora_r}")
+        if problems:
+            raise BetaPRMInputError("bad training configuration:\n  " + "\n  ".join(problems))
+
+    @property
+    def reward_words(self) -> tuple[str, ...]:
+        return tuple(w for w in self.reward_tokens.split(","))
+
+
+# ---------------------------------------------------------------------- state files
+def save_state(state_dict: dict, path) -> None:
+    """Safetensors of a full state dict; tensors that share storage (tied embeddings)
+    are written once and recorded as aliases."""
+    from safetensors.torch import save_file
+
+    seen, out, aliases = {}, {}, {}
+    for k, v in state_dict.items():
+        key = (v.device, v.data_ptr(), tuple(v.shape), tuple(v.stride())) if v.numel() else None
+        if key is not None and key in seen:
+            aliases[k] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = k
+        out[k] = v.detach().to("cpu").contiguous()
+    save_file(out, str(path), metadata={"format": "pt", "betaprm_aliases": json.dumps(aliases)})
+
+
+def load_state(model: nn.Module, path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("betaprm_aliases", "{}"))
+    sd = load_file(str(path))
+    for k, src in aliases.items():
+        sd[k] = sd[src]
+    model.load_state_dict(sd, strict=True)
+
+
+# ---------------------------------------------------------------------- trainer
+def _trainer_class():
+    from transformers import Trainer
+
+    class BetaPRMTrainer(Trainer):
+        """A Trainer whose loss is the PRM objective at the markers."""
+
+        def __init__(self, *args, objective: str, lambda_reg: float, hard_threshold: float, head_lr_multiplier: float, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.objective = objective
+            self.lambda_reg = lambda_reg
+            self.hard_threshold = hard_threshold
+            self.head_lr_multiplier = head_lr_multiplier
+            # Our loss is a per-micro-batch mean: the Trainer divides it by the number of
+            # accumulation steps, and must not pass num_items_in_batch to the model.
+            self.model_accepts_loss_kwargs = False
+            self.loss_is_scaled_for_ga = False
+            self._buf: dict[str, list] = {}
+
+        # ---- loss
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            k = inputs.pop("mc_correct").float()
+            n = inputs.pop("mc_total").float()
+            out = model(**inputs)
+            mu, kappa = out.mu.float(), out.kappa.float()
+            if mu.shape != k.shape:
+                raise RuntimeError(f"{mu.shape[0]} markers in the batch but {k.shape[0]} labels: the collator and the model disagree")
+            if self.objective == "beta-binomial":
+                nll = beta_binomial_nll(mu, kappa, k, n).mean()
+                reg = evidence_regularizer(mu, kappa, k, n).mean()
+                loss = nll + self.lambda_reg * reg
+                parts = {"nll": nll, "reg": reg}
+            else:
+                target = k if self.objective == "soft-ce" else (k / n > self.hard_threshold).float() * n
+                ce = soft_ce_loss(mu, target, n).mean()
+                # The NLL of the counts under the (unused) initial kappa is not logged:
+                # only what the objective optimises.
+                loss, parts = ce, {"ce": ce}
+            if model.training:
+                for name, val in parts.items():
+                    self._buf.setdefault(name, []).append(val.detach())
+                self._buf.setdefault("mu", []).append(mu.detach())
+                self._buf.setdefault("kappa", []).append(kappa.detach())
+            return (loss, out) if return_outputs else loss
+
+        def log(self, logs, start_time=None):
+            if self._buf and "loss" in logs:
+                for name in ("nll", "reg", "ce"):
+                    if name in self._buf:
+                        logs[name] = torch.stack(self._buf[name]).mean().item()
+                kappa = torch.cat(self._buf["kappa"]).float()
+                logs["kappa_mean"] = kappa.mean().item()
+                logs["kappa_p90"] = torch.quantile(kappa.cpu(), 0.9).item()
+                logs["mu_mean"] = torch.cat(self._buf["mu"]).float().mean().item()
+                self._buf = {}
+            super().log(logs, start_time)
+
+        # ---- optimiser: the kappa head in its own group with a larger learning rate
+        def create_optimizer(self, model=None):
+            if self.optimizer is not None:
+                return self.optimizer
+            opt_model = self.model if model is None else model
+            decay = set(self.get_decay_parameter_names(opt_model))
+            lr = self.args.learning_rate
+            groups = {"head": [], "decay": [], "no_decay": []}
+            for name, p in opt_model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                if name.startswith("kappa_head.") or ".kappa_head." in name:
+                    groups["head"].append(p)
+                elif name in decay:
+                    groups["decay"].append(p)
+                else:
+                    groups["no_decay"].append(p)
+            param_groups = [
+                {"params": groups["decay"], "weight_decay": self.args.weight_decay, "lr": lr},
+                {"params": groups["no_decay"], "weight_decay": 0.0, "lr": lr},
+                {"params": groups["head"], "weight_decay": 0.0, "lr": lr * self.head_lr_multiplier},
+            ]
+            param_groups = [g for g in param_groups if g["params"]]
+            cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            kwargs.pop("lr", None)
+            self.optimizer = cls(param_groups, lr=lr, **kwargs)
+            return self.optimizer
+
+        # ---- checkpoints: the full state in safetensors (no pickle for weights)
+        def _save(self, output_dir=None, state_dict=None):
+            output_dir = output_dir or self.args.output_dir
+            if not self.args.should_save:
+                return
+            os.makedirs(output_dir, exist_ok=True)
+            model = self.accelerator.unwrap_model(self.model)
+            save_state(state_dict if state_dict is not None else model.state_dict(), Path(output_dir) / STATE_NAME)
+            Path(output_dir, "training_args.json").write_text(self.args.to_json_string())
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            path = Path(resume_from_checkpoint) / STATE_NAME
+            if not path.is_file():
+                raise BetaPRMInputError(f"{resume_from_checkpoint} is not a betaprm training checkpoint: {STATE_NAME} is missing")
+            load_state(model if model is not None else self.model, path)
+
+    return BetaPRMTrainer
+
+
+# ---------------------------------------------------------------------- building blocks
+def load_or_create(cfg: TrainConfig):
+    """A BetaPRM from a BetaPRM checkpoint or a plain causal LM (new head)."""
+    from .model import CONFIG_NAME, BetaPRM
+
+    if (Path(cfg.model) / CONFIG_NAME).is_file():
+        return BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    return BetaPRM.from_backbone(
+        cfg.model, marker=cfg.marker, reward_tokens=cfg.reward_words, kappa_init=cfg.kappa_init,
+        kappa_min=cfg.kappa_min, chat_template=cfg.chat_template, trust_remote_code=cfg.trust_remote_code,
+    )
+
+
+def apply_lora(prm, cfg: TrainConfig) -> None:
+    """Wrap the backbone with LoRA adapters; the kappa head and the marker's embedding
+    row stay trainable (peft's trainable_token_indices trains that one row only)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise BetaPRMInputError("--lora-r needs peft: `pip install peft`") from None
+    targets = cfg.lora_target_modules
+    lcfg = LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        target_modules="all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        trainable_token_indices=[prm.config.marker_id],
+    )
+    prm.backbone = get_peft_model(prm.backbone, lcfg)
+    for p in prm.kappa_head.parameters():
+        p.requires_grad_(True)
+
+
+def _precision(cfg: TrainConfig) -> bool:
+    if cfg.precision == "bf16":
+        return True
+    if cfg.precision == "fp32":
+        return False
+    return (not cfg.use_cpu) and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def _grad_accum(cfg: TrainConfig, world: int) -> int:
+    per_step = cfg.per_device_batch_size * world
+    if cfg.global_batch_size % per_step:
+        raise BetaPRMInputError(
+            f"--global-batch-size {cfg.global_batch_size} is not a multiple of per-device batch "
+            f"{cfg.per_device_batch_size} x {world} devices = {per_step}; change one of them"
+        )
+    return cfg.global_batch_size // per_step
+
+
+def _last_checkpoint(output_dir: str) -> str:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    if last is None:
+        raise BetaPRMInputError(f"--resume-from-checkpoint last: no checkpoint-* folder in {output_dir}")
+    return last
+
+
+def train(cfg: TrainConfig, log=print):
+    """Run training; returns ``(prm, trainer, encode_stats)``. The final BetaPRM is
+    written to ``cfg.output_dir``."""
+    from transformers import TrainingArguments, set_seed
+
+    from .data.dataset import CountsCollator, encode_records
+    from .data.records import read_records
+    from .model import _version
+    from .scoring import _pad_id
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    say = log if rank == 0 else (lambda *a, **k: None)
+    grad_accum = _grad_accum(cfg, world)
+    set_seed(cfg.seed)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rejects = cfg.rejects or str(out_dir / "rejects.jsonl")
+    loaded = read_records(cfg.data, kind="counts", marker=cfg.marker, on_error=cfg.on_error, rejects=rejects if rank == 0 else None)
+    say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
+    if not loaded.records:
+        raise BetaPRMInputError(f"{cfg.data}: no usable records")
+    if any(r.images for r in loaded.records):
+        raise BetaPRMInputError(f"{cfg.data}: records with images need a vision-language backbone, which this betaprm version does not train yet")
+
+    prm = load_or_create(cfg)
+    if cfg.objective != "beta-binomial":
+        # The standard PRM has no reliability channel: keep kappa at its initial value
+        # (and out of the graph, so DDP sees no unused trainable parameters).
+        prm.kappa_head.requires_grad_(False)
+    if cfg.lora_r > 0:
+        apply_lora(prm, cfg)
+    if cfg.gradient_checkpointing:
+        prm.backbone.gradient_checkpointing_enable()
+        prm.backbone.config.use_cache = False
+
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(loaded.records), desc="tokenising", disable=rank != 0, unit="rec") as bar:
+        dataset = encode_records(prm, loaded.records, cfg.max_length, cfg.truncation, progress=bar.update)
+    say(dataset.stats.describe(cfg.max_length))
+    if len(dataset) == 0:
+        raise BetaPRMInputError(f"no record fits --max-length {cfg.max_length}; raise it")
+
+    args = TrainingArguments(
+        output_dir=str(out_dir),
+        learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.per_device_batch_size,
+        gradient_accumulation_steps=grad_accum,
+        logging_steps=cfg.logging_steps,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        bf16=_precision(cfg),
+        remove_unused_columns=False,
+        label_names=["mc_correct", "mc_total"],
+        dataloader_num_workers=cfg.dataloader_num_workers,
+        use_cpu=cfg.use_cpu,
+        ddp_backend=cfg.ddp_backend,
+        disable_tqdm=rank != 0,
+    )
+    trainer = _trainer_class()(
+        model=prm,
+        args=args,
+        train_dataset=dataset,
+        data_collator=CountsCollator(_pad_id(prm.tokenizer)),
+        objective=cfg.objective,
+        lambda_reg=cfg.lambda_reg,
+        hard_threshold=cfg.hard_threshold,
+        head_lr_multiplier=cfg.head_lr_multiplier,
+    )
+    resume = cfg.resume_from_checkpoint
+    if resume == "last":
+        resume = _last_checkpoint(cfg.output_dir)
+    trainer.train(resume_from_checkpoint=resume)
+
+    # The final model: a BetaPRM directory (LoRA merged into the backbone).
+    if hasattr(prm.backbone, "merge_and_unload"):
+        prm.backbone = prm.backbone.merge_and_unload()
+    if trainer.args.should_save:
+        prm.save_pretrained(out_dir)
+        summary = {
+            "config": asdict(cfg),
+            "version": _version(),
+            "records": {"loaded": len(loaded.records), "rejected": loaded.n_rejected},
+            "truncation": asdict(dataset.stats),
+            "log_history": trainer.state.log_history,
+        }
+        (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    say(dataset.stats.describe(cfg.max_length))
+    say(f"saved the BetaPRM to {out_dir}")
+    return prm, trainer, dataset.stats

@@ -1,0 +1,36 @@
+"""Shared builders for training tests: a tiny causal-LM directory and a counts file."""
+
+import json
+import random
+from pathlib import Path
+
+from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
+
+from .conftest import CORPUS
+
+
+def make_lm_dir(path: Path, arch="llama", tie=False, hidden=32, layers=2) -> Path:
+    tok = train_bytelevel_tokenizer(CORPUS + ["1 + 2 = 3 so 4 + 5 = 9"] * 20, vocab_size=400)
+    model = tiny_causal_lm(len(tok), arch=arch, hidden_size=hidden, num_layers=layers, tie_word_embeddings=tie)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def make_counts(path: Path, n=96, seed=0, n_mc=8) -> Path:
+    """Addition steps; a wrong sum makes every later prefix fail (K drawn near 0),
+    a right one succeeds with probability 0.85 per remaining step."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for i in range(n):
+            steps, ks, ok = [], [], True
+            t = rng.randint(1, 5)
+            for j in range(t):
+                a, b = rng.randint(0, 9), rng.randint(0, 9)
+                c = a + b if rng.random() > 0.25 else a + b + rng.choice([-1, 1])
+                ok = ok and c == a + b
+                steps.append(f"{a} + {b} = {c}")
+                q = 0.85 ** (t - j - 1) if ok else 0.03
+                ks.append(sum(rng.random() < q for _ in range(n_mc)))
+            f.write(json.dumps({"id": f"r{i}", "question": "add these", "steps": steps, "mc_correct": ks, "mc_total": n_mc}) + "\n")
+    return path

@@ -1,0 +1,192 @@
+"""Training: objectives, optimiser groups, float32 loss, truncation, logging, resume, LoRA."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from betaprm import BetaPRM
+from betaprm.data.dataset import CountsCollator, encode_records
+from betaprm.data.records import Record, read_records
+from betaprm.formatting import fit_to_length
+from betaprm.train import TrainConfig, _trainer_class, train
+
+from .helpers import make_counts, make_lm_dir
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return make_lm_dir(tmp_path_factory.mktemp("lm") / "lm")
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory):
+    return make_counts(tmp_path_factory.mktemp("data") / "counts.jsonl")
+
+
+def cfg(lm_dir, counts, out, **kw):
+    base = dict(model=str(lm_dir), data=str(counts), output_dir=str(out), global_batch_size=8, per_device_batch_size=4,
+                learning_rate=1e-3, max_steps=6, logging_steps=2, save_steps=3, use_cpu=True, seed=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_fit_to_length_keeps_whole_steps():
+    M = 99
+    ids = [1, 2, 5, M, 6, 7, M, 8, 9, 9, M]
+    assert fit_to_length(ids, M, 20) == (ids, 3)
+    assert fit_to_length(ids, M, 9) == ([1, 2, 5, M, 6, 7, M], 2)
+    assert fit_to_length(ids, M, 6) == ([1, 2, 5, M], 1)
+    assert fit_to_length(ids, M, 3) == ([], 0)
+
+
+def test_truncation_keeps_labels_on_the_right_markers(lm_dir):
+    prm = BetaPRM.from_backbone(str(lm_dir))
+    recs = [
+        Record("a", "q", ["one step here", "two step here", "three step here"], [8, 5, 1], [8, 8, 8]),
+        Record("b", "q", ["short"], [3], [8]),
+    ]
+    full = encode_records(prm, recs, max_length=10_000)
+    n_full = len(full[0]["input_ids"])
+    marker_pos = [i for i, t in enumerate(full[0]["input_ids"]) if t == prm.config.marker_id]
+    # Room for exactly two steps of record a.
+    ds = encode_records(prm, recs, max_length=marker_pos[1] + 2)
+    assert ds[0]["mc_correct"] == [8, 5] and ds[0]["mc_total"] == [8, 8]
+    assert ds[0]["input_ids"] == full[0]["input_ids"][: marker_pos[1] + 1]
+    assert ds.stats.truncated_records == 1 and ds.stats.dropped_steps == 1 and ds.stats.records == 2
+    # The kept markers give the same scores as in the untruncated trace (causal model).
+    batch = CountsCollator(0)([ds[0]])
+    with torch.no_grad():
+        cut = prm(batch["input_ids"], attention_mask=batch["attention_mask"])
+        whole = prm(torch.tensor([full[0]["input_ids"]]))
+    assert cut.mu.shape == batch["mc_correct"].shape == (2,)
+    torch.testing.assert_close(cut.mu, whole.mu[:2])
+    rej = encode_records(prm, recs, max_length=marker_pos[1] + 2, truncation="reject")
+    assert len(rej) == 1 and rej.stats.rejected_too_long == 1
+    assert n_full > marker_pos[1] + 2
+
+
+def test_collator_orders_labels_like_the_model(lm_dir):
+    prm = BetaPRM.from_backbone(str(lm_dir))
+    recs = [Record("a", "q", ["x", "y"], [1, 2], [8, 8]), Record("b", "q", ["z", "w", "v"], [3, 4, 5], [8, 8, 9])]
+    ds = encode_records(prm, recs, max_length=512)
+    batch = CountsCollator(0)([ds[0], ds[1]])
+    assert batch["mc_correct"].tolist() == [1, 2, 3, 4, 5] and batch["mc_total"].tolist() == [8, 8, 8, 8, 9]
+    out = prm(batch["input_ids"], attention_mask=batch["attention_mask"])
+    assert out.row.tolist() == [0, 0, 1, 1, 1]
+
+
+def test_optimizer_groups_and_logging(tmp_path, lm_dir, counts):
+    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "run"))
+    groups = trainer.optimizer.param_groups
+    head_ids = {id(p) for p in prm.kappa_head.parameters()}
+    head_groups = [g for g in groups if {id(p) for p in g["params"]} & head_ids]
+    assert len(head_groups) == 1 and {id(p) for p in head_groups[0]["params"]} == head_ids
+    body_lr = [g["initial_lr"] for g in groups if g is not head_groups[0]]
+    assert head_groups[0]["initial_lr"] == pytest.approx(10 * 1e-3) and body_lr == [1e-3, 1e-3]
+    assert head_groups[0]["weight_decay"] == 0.0
+    names = {id(p): n for n, p in prm.named_parameters()}
+    no_decay = [names[id(p)] for g in groups if g["weight_decay"] == 0.0 and g is not head_groups[0] for p in g["params"]]
+    decay = [names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]]
+    assert no_decay and all("norm" in n or "bias" in n for n in no_decay)
+    assert not any("norm" in n for n in decay)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 3
+    for h in logs:
+        for key in ("nll", "reg", "kappa_mean", "kappa_p90", "mu_mean"):
+            assert np.isfinite(h[key]), key
+        assert h["loss"] == pytest.approx(h["nll"] + 0.05 * h["reg"], rel=1e-4)
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["truncation"]["records"] == 96 and summary["config"]["objective"] == "beta-binomial"
+    assert (tmp_path / "run" / "checkpoint-3" / "model.safetensors").exists()
+    assert not list((tmp_path / "run").glob("**/training_args.bin"))
+
+
+def test_loss_is_float32_for_a_bf16_backbone(lm_dir, counts):
+    prm = BetaPRM.from_backbone(str(lm_dir))
+    prm.backbone.to(torch.bfloat16)
+    ds = encode_records(prm, read_records(counts).records[:4], max_length=512)
+    from transformers import TrainingArguments
+
+    trainer = _trainer_class()(model=prm, args=TrainingArguments(output_dir="/tmp/unused", use_cpu=True, report_to="none", remove_unused_columns=False),
+                               train_dataset=ds, data_collator=CountsCollator(0), objective="beta-binomial", lambda_reg=0.05, hard_threshold=0.5, head_lr_multiplier=10)
+    batch = CountsCollator(0)([ds[i] for i in range(4)])
+    out_dtype = {}
+    prm.backbone.base_model.register_forward_hook(lambda m, a, o: out_dtype.update(h=o.last_hidden_state.dtype))
+    loss = trainer.compute_loss(prm, dict(batch))
+    assert out_dtype["h"] == torch.bfloat16 and loss.dtype == torch.float32
+    loss.backward()
+    assert torch.isfinite(prm.kappa_head.weight.grad).all()
+
+
+@pytest.mark.parametrize("objective", ["soft-ce", "hard-ce"])
+def test_standard_prm_objectives(tmp_path, lm_dir, counts, objective):
+    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / objective, objective=objective, max_steps=4, save_steps=100))
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(h["loss"] == pytest.approx(h["ce"], rel=1e-5) and "nll" not in h for h in logs)
+    # No reliability channel: kappa stays at its initial value.
+    assert all(h["kappa_mean"] == pytest.approx(4.0, rel=1e-5) for h in logs)
+    assert BetaPRM.from_pretrained(tmp_path / objective).score("add these", [["1 + 2 = 3"]])[0].kappa[0] == pytest.approx(4.0, rel=1e-5)
+
+
+def test_resume_matches_uninterrupted_run(tmp_path, lm_dir, counts):
+    full, trainer_a, _ = train(cfg(lm_dir, counts, tmp_path / "a", max_steps=6, save_steps=3))
+    # A second run starts from the first run's step-3 checkpoint and finishes the job.
+    shutil.copytree(tmp_path / "a" / "checkpoint-3", tmp_path / "b" / "checkpoint-3")
+    resumed, trainer_b, _ = train(cfg(lm_dir, counts, tmp_path / "b", max_steps=6, save_steps=3, resume_from_checkpoint="last"))
+    a, b = params(full), params(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    # The trained head really was restored (not re-initialised): it moved from init.
+    init = BetaPRM.from_backbone(str(lm_dir)).kappa_head.bias.detach()
+    assert not torch.allclose(resumed.kappa_head.bias.detach(), init)
+    # Logged losses agree at every logging step whose window does not straddle the
+    # resume point (step 4 averages steps 3-4 in one run and step 4 alone in the other).
+    la = {h["step"]: h["loss"] for h in trainer_a.state.log_history if "loss" in h}
+    lb = {h["step"]: h["loss"] for h in trainer_b.state.log_history if "loss" in h}
+    assert la.keys() == lb.keys() == {2, 4, 6}
+    assert lb[2] == pytest.approx(la[2], rel=1e-6) and lb[6] == pytest.approx(la[6], rel=1e-5)
+
+
+def test_lora_trains_adapters_head_and_marker_row(tmp_path, lm_dir, counts):
+    pytest.importorskip("peft")
+    before = BetaPRM.from_backbone(str(lm_dir))
+    base_w = before.backbone.model.layers[0].mlp.up_proj.weight.detach().clone()
+    emb_before = before.backbone.get_input_embeddings().weight.detach().clone()
+    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "lora", lora_r=4, lora_target_modules="q_proj,v_proj,up_proj", max_steps=4, save_steps=2))
+    # After training the adapters are merged: the saved model is a plain BetaPRM.
+    loaded = BetaPRM.from_pretrained(tmp_path / "lora")
+    assert type(loaded.backbone).__name__ == "LlamaForCausalLM"
+    merged_w = loaded.backbone.model.layers[0].mlp.up_proj.weight
+    assert not torch.allclose(merged_w, base_w)  # the adapter's update is in the weights
+    emb = loaded.backbone.get_input_embeddings().weight
+    mid = loaded.config.marker_id
+    changed_rows = (emb - emb_before).abs().sum(1).nonzero().flatten().tolist()
+    assert changed_rows == [mid]  # only the marker row of the embedding trained
+    assert not torch.allclose(loaded.kappa_head.bias, before.kappa_head.bias)
+    a = prm.score("add these", [["1 + 2 = 3", "3 + 3 = 7"]])[0]
+    b = loaded.score("add these", [["1 + 2 = 3", "3 + 3 = 7"]])[0]
+    np.testing.assert_allclose(a.mu, b.mu, atol=1e-5)
+    np.testing.assert_allclose(a.kappa, b.kappa, rtol=1e-5)
+
+
+def test_bad_config_is_one_clear_error(lm_dir, counts):
+    from betaprm.errors import BetaPRMInputError
+
+    with pytest.raises(BetaPRMInputError) as e:
+        TrainConfig(model="", data="", objective="mse", global_batch_size=0)
+    msg = str(e.value)
+    assert "--model is required" in msg and "--objective must be one of" in msg and "--global-batch-size must be >= 1" in msg
+    with pytest.raises(BetaPRMInputError, match="not a multiple"):
+        train(cfg(lm_dir, counts, "/tmp/x", global_batch_size=6, per_device_batch_size=4))
