@@ -127,6 +127,22 @@ def test_save_load_round_trip(tmp_path, bpe_tokenizer, arch):
         np.testing.assert_array_equal(a.kappa, b.kappa)
 
 
+def test_save_from_a_given_state_dict(tmp_path, bpe_tokenizer):
+    # The path used when weights are sharded (DeepSpeed ZeRO-3, FSDP): a gathered state
+    # dict is written instead of the live parameters.
+    prm = make_prm(bpe_tokenizer, tie=True)
+    with torch.no_grad():
+        prm.kappa_head.weight.normal_(0, 0.3)
+    state = {k: v.clone() for k, v in prm.state_dict().items()}
+    with torch.no_grad():
+        for p in prm.parameters():
+            p.zero_()  # the live weights are not what gets saved
+    prm.save_pretrained(tmp_path / "c", state_dict=state)
+    loaded = BetaPRM.from_pretrained(tmp_path / "c")
+    for k, v in loaded.state_dict().items():
+        torch.testing.assert_close(v, state[k], msg=k)
+
+
 def test_remote_code_is_not_run_unless_asked(tmp_path, bpe_tokenizer):
     prm = make_prm(bpe_tokenizer)
     ckpt = tmp_path / "ckpt"

@@ -69,6 +69,13 @@ class BetaPRMConfig:
         if problems:
             raise BetaPRMInputError("; ".join(problems))
 
+    # The Trainer's logging integrations (TensorBoard, W&B) record model.config with these.
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json_string(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
     @property
     def trace_format(self) -> TraceFormat:
         return TraceFormat(self.template, self.marker, self.step_separator, self.chat_template)
@@ -271,19 +278,30 @@ class BetaPRM(nn.Module):
         return score_traces(self, [(question, s) for s in steps], batch_size=batch_size)
 
     # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, save_directory) -> None:
-        """Write a Hugging Face-style directory (safetensors only, no pickle)."""
+    def save_pretrained(self, save_directory, state_dict: dict | None = None) -> None:
+        """Write a Hugging Face-style directory (safetensors only, no pickle).
+
+        ``state_dict``: this model's full state (``backbone.*`` and ``kappa_head.*``
+        keys) when the live parameters are sharded, e.g. gathered from DeepSpeed ZeRO-3
+        or FSDP by ``accelerator.get_state_dict``.
+        """
         from safetensors.torch import save_file
 
         path = Path(save_directory)
         path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(path, safe_serialization=True)
+        if state_dict is not None:
+            backbone_sd = {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
+            head_sd = {k[len("kappa_head."):]: v for k, v in state_dict.items() if k.startswith("kappa_head.")}
+            self.backbone.save_pretrained(path, state_dict=backbone_sd)
+        else:
+            head_sd = self.kappa_head.state_dict()
+            self.backbone.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.kappa_head.state_dict().items()}
+        state = {k: v.detach().cpu().float().contiguous() for k, v in head_sd.items()}
         save_file(state, path / HEAD_NAME, metadata={"format": "pt"})
         self.config.tokenizer_class = type(self.tokenizer).__name__
         self.config.tokenizer_probe_ids = _probe_ids(self.tokenizer)
-        (path / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        (path / CONFIG_NAME).write_text(self.config.to_json_string())
 
     @classmethod
     def from_pretrained(cls, directory, *, trust_remote_code: bool = False, dtype=None, device=None) -> "BetaPRM":

@@ -110,3 +110,80 @@ def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: i
     """Score ``(question, steps)`` traces; one ``StepScores`` per trace, in order."""
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, traces, prm.config.trace_format)
     return score_token_ids(prm, ids, batch_size=batch_size, progress=progress)
+
+
+# ---------------------------------------------------------------------- files
+def _completed_ids(path) -> set[str]:
+    """Ids already in an output file. A last line without its newline is the remains of
+    an interrupted write: it is cut off (and said so), every complete line is kept."""
+    import json
+    import os
+    import sys
+
+    ids: set[str] = set()
+    if not os.path.exists(path):
+        return ids
+    with open(path, "rb") as f:
+        data = f.read()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        print(f"{path}: removing a partial last line ({len(data) - keep} bytes) left by an interrupted run", file=sys.stderr)
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+    for i, line in enumerate(data[:keep].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(str(json.loads(line)["id"]))
+        except (ValueError, KeyError, TypeError):
+            from .errors import BetaPRMInputError
+
+            raise BetaPRMInputError(f"{path}:{i}: existing output line is not a scored record; move the file away or fix it") from None
+    return ids
+
+
+def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error: str = "fail", rejects=None, chunk_candidates: int = 256, show_progress: bool = True) -> dict:
+    """Score a JSONL file of candidate pools into ``output_path``, appending.
+
+    Each output line is the input record with ``mu``, ``kappa`` and ``sigma`` lists added
+    to every candidate. Records whose id is already in the output are skipped, so an
+    interrupted run continues where it stopped, with nothing duplicated.
+    """
+    import json
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from .data.records import read_records
+
+    loaded = read_records(input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects)
+    done = _completed_ids(output_path)
+    todo = [r for r in loaded.records if str(r["id"]) not in done]
+    Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+    stats = {"records": len(loaded.records), "already_done": len(loaded.records) - len(todo), "scored": 0, "rejected": loaded.n_rejected, "candidates": 0}
+    with open(output_path, "a", encoding="utf-8") as out, tqdm(total=len(todo), desc="scoring", unit="pool", disable=not show_progress) as bar:
+        start = 0
+        while start < len(todo):
+            # A chunk of whole pools: candidates of several problems share batches.
+            end, n = start, 0
+            while end < len(todo) and (n == 0 or n + len(todo[end]["candidates"]) <= chunk_candidates):
+                n += len(todo[end]["candidates"])
+                end += 1
+            pools = todo[start:end]
+            traces = [(r["question"], c["steps"]) for r in pools for c in r["candidates"]]
+            scores = iter(score_traces(prm, traces, batch_size=batch_size))
+            lines = []
+            for r in pools:
+                rec = dict(r)
+                rec["candidates"] = [{**c, **next(scores).to_dict()} for c in r["candidates"]]
+                lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+            # One write per record: a kill leaves at most one partial line, which the
+            # next run removes.
+            for line in lines:
+                out.write(line)
+            out.flush()
+            stats["scored"] += len(pools)
+            stats["candidates"] += n
+            bar.update(len(pools))
+            start = end
+    return stats

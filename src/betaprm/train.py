@@ -335,6 +335,8 @@ def train(cfg: TrainConfig, log=print):
         # (and out of the graph, so DDP sees no unused trainable parameters).
         prm.kappa_head.requires_grad_(False)
     if cfg.lora_r > 0:
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" or os.environ.get("ACCELERATE_USE_FSDP") == "true":
+            raise BetaPRMInputError("--lora-r with DeepSpeed or FSDP is not supported yet (the adapters could not be merged into sharded weights); use one or the other")
         apply_lora(prm, cfg)
     if cfg.gradient_checkpointing:
         prm.backbone.gradient_checkpointing_enable()
@@ -388,11 +390,14 @@ def train(cfg: TrainConfig, log=print):
         resume = _last_checkpoint(cfg.output_dir)
     trainer.train(resume_from_checkpoint=resume)
 
-    # The final model: a BetaPRM directory (LoRA merged into the backbone).
+    # The final model: a BetaPRM directory (LoRA merged into the backbone; sharded
+    # DeepSpeed ZeRO-3 / FSDP weights gathered first, a collective on every rank).
+    sharded = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
+    full_state = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
     if hasattr(prm.backbone, "merge_and_unload"):
         prm.backbone = prm.backbone.merge_and_unload()
     if trainer.args.should_save:
-        prm.save_pretrained(out_dir)
+        prm.save_pretrained(out_dir, state_dict=full_state)
         summary = {
             "config": asdict(cfg),
             "version": _version(),

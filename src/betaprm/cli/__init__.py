@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..errors import BetaPRMInputError
-from . import convert, demo, train, validate
+from . import convert, demo, score, train, validate
 
-COMMANDS = {"demo": demo, "train": train, "validate": validate, "convert": convert}
+COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert}
 
 
 def build_parser() -> argparse.ArgumentParser:
