@@ -68,3 +68,21 @@ def test_nll_on_cuda_matches_cpu():
     cpu = beta_binomial_nll(g, kappa, k, n)
     gpu = beta_binomial_nll(g.cuda(), kappa.cuda(), k.cuda(), n.cuda()).cpu()
     torch.testing.assert_close(cpu, gpu, rtol=1e-10, atol=1e-12)
+
+
+def test_train_in_bf16_on_gpu(tmp_path):
+    from betaprm.train import TrainConfig, train
+
+    from .helpers import make_counts, make_lm_dir
+
+    lm = make_lm_dir(tmp_path / "lm", hidden=64)
+    data = make_counts(tmp_path / "counts.jsonl", n=64)
+    cfg = TrainConfig(model=str(lm), data=str(data), output_dir=str(tmp_path / "run"), global_batch_size=8, per_device_batch_size=8,
+                      learning_rate=1e-3, max_steps=8, logging_steps=2, save_steps=4)
+    prm, trainer, _ = train(cfg)
+    assert trainer.args.bf16 and prm.device.type == "cuda"  # precision auto -> bf16 on a bf16 GPU
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs and all(np.isfinite(h["loss"]) and np.isfinite(h["kappa_mean"]) for h in logs)
+    loaded = BetaPRM.from_pretrained(tmp_path / "run", device="cuda")
+    s = loaded.score("add these", [["1 + 2 = 3"]])[0]
+    assert np.all(np.isfinite(s.mu)) and np.all(np.isfinite(s.kappa))
