@@ -1,0 +1,41 @@
+"""The ``Generator`` protocol.
+
+A generator continues a trace: given a question and the steps kept so far (possibly
+none), it samples ``n`` continuations, each a list of new steps ending with the final
+answer step, and reports how many tokens it generated for each (the prompt and the kept
+prefix excluded, as in the paper's token accounting). The chain-arithmetic policy
+(``betaprm.synth``) implements it; so do the model backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class GenerationRequest:
+    """Continue ``prefix`` (steps already kept) for ``question``, ``n`` times."""
+
+    question: str
+    prefix: list[str] = field(default_factory=list)
+    n: int = 1
+    problem: Any = None
+    """Backend-specific handle on the problem (the synthetic world passes its Problem,
+    whose hidden values its policy knows); text backends ignore it."""
+
+
+@dataclass
+class Completion:
+    """New steps after the prefix (the last one holds the final answer)."""
+
+    steps: list[str]
+    n_tokens: int
+
+
+@runtime_checkable
+class Generator(Protocol):
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        """One list of ``request.n`` completions per request, in order."""
+        ...

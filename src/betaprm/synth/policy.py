@@ -1,0 +1,64 @@
+"""The chain-arithmetic policy behind the ``Generator`` protocol, and MC labelling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..generation.base import Completion, GenerationRequest
+from .world import Problem, Trace, World
+
+
+class SynthPolicy:
+    """Continues any prefix of a chain-arithmetic trace with the world's policy.
+
+    The request's ``problem`` must be the ``Problem`` (the policy knows its hidden values
+    and level). ``count_tokens`` gives the token cost of a generated step (the PRM
+    tokenizer's count in the demo; words by default).
+    """
+
+    def __init__(self, world: World, seed: int = 0, count_tokens: Callable[[str], int] | None = None, error_boost: float = 1.0):
+        self.world = world
+        self.rng = np.random.default_rng(seed)
+        self.count_tokens = count_tokens or (lambda s: len(s.split()))
+        self.error_boost = error_boost
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        out = []
+        for req in requests:
+            p: Problem = req.problem
+            if not isinstance(p, Problem):
+                raise TypeError("SynthPolicy needs GenerationRequest.problem to be a synth Problem")
+            if len(req.prefix) > p.T:  # the answer step is already written: nothing to add
+                out.append([Completion([], 0) for _ in range(req.n)])
+                continue
+            prefix_vals = self.world.values_of(p, req.prefix)
+            cont = self.world.continue_values(p, prefix_vals, req.n, self.rng, self.error_boost)
+            comps = []
+            for row in cont:
+                values = list(prefix_vals) + [int(x) for x in row]
+                steps = self.world.step_texts(p, values, len(prefix_vals), self.rng)
+                comps.append(Completion(steps, sum(self.count_tokens(s) for s in steps)))
+            out.append(comps)
+        return out
+
+    def sample_traces(self, problem: Problem, n: int) -> list[Trace]:
+        """n complete traces (steps, written values and token counts) from scratch."""
+        (comps,) = self.generate([GenerationRequest(problem.question, [], n, problem)])
+        return [Trace(problem, self.world.values_of(problem, c.steps), c.steps, c.n_tokens) for c in comps]
+
+
+def mc_label(world: World, generator, trace: Trace, n: int) -> list[int]:
+    """K_t for every step of ``trace``: of ``n`` continuations sampled through
+    ``generator`` from the prefix ending at step t, how many end with the right answer
+    (checked by the world: the last step's value against the problem's answer)."""
+    from .world import parse_value
+
+    p = trace.problem
+    reqs = [GenerationRequest(p.question, trace.steps[: t + 1], n, p) for t in range(len(trace.steps))]
+    ks = []
+    for t, comps in enumerate(generator.generate(reqs)):
+        full_last = [c.steps[-1] if c.steps else trace.steps[t] for c in comps]
+        ks.append(sum(parse_value(s) == p.answer for s in full_last))
+    return ks
