@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,48 +16,75 @@ def run_cli(*args, cwd=None):
 
 def test_help_lists_commands_and_options():
     top = run_cli("--help")
-    assert top.returncode == 0 and "demo" in top.stdout and "Beta belief" in top.stdout
+    assert top.returncode == 0 and "Beta belief" in top.stdout
+    for cmd in ("demo", "train", "score", "validate", "convert"):
+        assert cmd in top.stdout
+        sub = run_cli(cmd, "--help")
+        assert sub.returncode == 0 and "usage: betaprm " + cmd in sub.stdout
     sub = run_cli("demo", "--help")
-    assert sub.returncode == 0
-    for flag in ("--out", "--steps", "--quick", "--config", "--seed", "--lambda-reg"):
+    for flag in ("--out", "--quick", "--world-config", "--seed", "--config"):
         assert flag in sub.stdout
-    assert "default: 80" in sub.stdout
+
+
+BON_KEYS = {"single_pass", "majority_vote", "standard_prm_mean", "betaprm_mean", "betaprm_rb", "standard_prm_vote",
+            "betaprm_vote", "bayes_top1", "bayes_vote", "oracle"}
+CAL_KEYS = {"mu_mae_bayes", "mu_mae_true", "bb_nll"}
+BETA_KEYS = CAL_KEYS | {"spearman_kappa_bayes", "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90"}
+
+
+def _finite_numbers(x):
+    if isinstance(x, dict):
+        return all(_finite_numbers(v) for v in x.values())
+    if isinstance(x, list):
+        return all(_finite_numbers(v) for v in x)
+    if isinstance(x, float):
+        return math.isfinite(x)
+    return True
 
 
 def test_demo_quick_end_to_end(tmp_path):
     res = run_cli("demo", "--quick", "--out", str(tmp_path / "d"))
-    assert res.returncode == 0, res.stderr
-    assert "held-out scores" in res.stdout and "mu" in res.stdout
-    result = json.loads((tmp_path / "d" / "results.json").read_text())
-    assert len(result["history"]) == 20 and result["seed"] == 0 and result["config"]["quick"] is True
-    assert result["heldout_nll_after"] < result["heldout_nll_before"]
-    lines = (tmp_path / "d" / "scores.jsonl").read_text().splitlines()
-    assert len(lines) == 16
-    rec = json.loads(lines[0])
-    assert len(rec["mu"]) == len(rec["steps"]) == len(rec["kappa"]) == len(rec["sigma"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    for text in ("Best-of-16", "Verification", "Calibration against the truth", "BetaPRM, top-1 S_RB"):
+        assert text in res.stdout
+    r = json.loads((tmp_path / "d" / "results.json").read_text())
+    assert r["seed"] == 0 and r["version"] and r["config"]["quick"] is True and r["world"]["modulus"] == 10
+    assert BON_KEYS <= set(r["bon"])
+    for v in r["bon"].values():
+        assert set(v) == {"acc", "ci"} and 0 <= v["ci"][0] <= v["acc"] <= v["ci"][1] <= 1
+    assert set(r["verification"]) >= {"standard_prm_auroc", "betaprm_auroc"}
+    assert CAL_KEYS <= set(r["calibration"]["standard_prm"]) and BETA_KEYS <= set(r["calibration"]["betaprm"])
+    assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
+    assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]
+    for png in ("kappa_dynamics.png", "reliability.png", "kappa_vs_bayes.png", "best_of_n.png"):
+        assert (tmp_path / "d" / png).stat().st_size > 1000
     from betaprm import BetaPRM
 
-    assert BetaPRM.from_pretrained(tmp_path / "d" / "model").config.marker == "<prm>"
+    assert BetaPRM.from_pretrained(tmp_path / "d" / "betaprm").config.marker == "<prm>"
 
 
 def test_bad_input_exits_2_with_one_message(tmp_path):
-    res = run_cli("demo", "--data", str(tmp_path / "missing.jsonl"))
+    res = run_cli("demo", "--world-config", str(tmp_path / "missing.json"))
     assert res.returncode == 2
-    assert "missing.jsonl: no such file" in res.stderr and "Traceback" not in res.stderr
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"question": "q", "steps": ["a"], "mc_correct": [3], "mc_total": 2}\n')
-    res = run_cli("demo", "--data", str(bad))
-    assert res.returncode == 2 and "bad.jsonl line 1: field mc_correct/mc_total" in res.stderr
-    res = run_cli("demo", "--steps", "0")
-    assert res.returncode == 2 and "steps must be >= 1, got 0" in res.stderr
+    assert "missing.json: no such file" in res.stderr and "Traceback" not in res.stderr
+    bad = tmp_path / "world.json"
+    bad.write_text('{"modulus": 10, "near_mis": 0.5}')
+    res = run_cli("demo", "--world-config", str(bad))
+    assert res.returncode == 2 and "unknown keys ['near_mis']" in res.stderr
+    res = run_cli("demo", "--prm-steps", "0")
+    assert res.returncode == 2 and "prm_steps must be >= 1, got 0" in res.stderr
 
 
 def test_config_file_then_flags(tmp_path, capsys):
+    from betaprm.cli._config import config_from_args
+    from betaprm.cli import build_parser
+    from betaprm.demo import DemoConfig
+
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("steps: 3\nholdout: 8\nout: " + str(tmp_path / "o") + "\n")
-    assert main(["demo", "--config", str(cfg), "--steps", "2"]) == 0
-    result = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert result["config"]["steps"] == 2 and result["config"]["holdout"] == 8  # flag wins, file fills
+    cfg.write_text("prm_steps: 3\nn_val_problems: 8\n")
+    args = build_parser().parse_args(["demo", "--config", str(cfg), "--prm-steps", "2"])
+    c = config_from_args(DemoConfig, args)
+    assert c.prm_steps == 2 and c.n_val_problems == 8 and c.n_test_problems == 1000  # flag wins, file fills
     cfg.write_text("stepz: 3\n")
     assert main(["demo", "--config", str(cfg)]) == 2
     assert "unknown keys ['stepz']" in capsys.readouterr().err

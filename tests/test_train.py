@@ -112,6 +112,14 @@ def test_optimizer_groups_and_logging(tmp_path, lm_dir, counts):
     assert not list((tmp_path / "run").glob("**/training_args.bin"))
 
 
+def test_aux_lm_loss_is_logged_and_added(tmp_path, lm_dir, counts):
+    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "aux", aux_lm_weight=0.5, max_steps=4, save_steps=100))
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    for h in logs:
+        assert h["lm"] > 0
+        assert h["loss"] == pytest.approx(h["nll"] + 0.05 * h["reg"] + 0.5 * h["lm"], rel=1e-4)
+
+
 def test_loss_is_float32_for_a_bf16_backbone(lm_dir, counts):
     prm = BetaPRM.from_backbone(str(lm_dir))
     prm.backbone.to(torch.bfloat16)

@@ -1,159 +1,404 @@
-"""``betaprm demo``: a small end-to-end run on the bundled counts file.
+"""``betaprm demo``: the paper's Best-of-N and calibration tables in the chain-arithmetic
+world, where the truth is known (design.md section 6), on CPU.
 
-A byte-level tokenizer and a tiny random-init Llama are built here, wrapped as a
-BetaPRM, trained for a few dozen steps with the Beta-Binomial objective, and used to
-score held-out traces. It exercises the real model, loss and scorer on CPU in seconds.
-(The training loop is deliberately minimal; ``betaprm train`` is the full trainer.)
+The pipeline uses the same ``BetaPRM``, trainer and scorer as real backbones:
+
+1. problems split into train / validation / test; training traces from the policy (with
+   verifiable errors enriched by ``error_boost``), each step labelled with K of ``mc_n``
+   real continuations of the (unboosted) policy;
+2. a byte-level BPE tokenizer; a small Llama pretrained as a language model on
+   error-free traces, saved, and the start of both PRMs;
+3. a standard PRM (``soft-ce``) and a BetaPRM (``beta-binomial``) fine-tuned with the
+   same budget and seed through ``betaprm.train``;
+4. Best-of-``n_candidates`` pools for validation and test problems, scored by both; the
+   selectors' hyperparameters tuned on validation only;
+5. tables, ``results.json`` (with config, seed and version) and plots.
 """
 
 from __future__ import annotations
 
 import json
-import random
+import math
+import os
 import time
-from dataclasses import asdict, dataclass, field
-from importlib import resources
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from .beta import beta_binomial_nll, evidence_regularizer
 from .errors import BetaPRMInputError
-from .formatting import encode_traces
-from .model import BetaPRM, _version
-from .scoring import _pad_id, pad_batch
-from .tiny import tiny_causal_lm, train_bytelevel_tokenizer
+
+
+def _f(default, help_text):
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
 class DemoConfig:
-    out: str = field(default="outputs/demo", metadata={"help": "folder for the trained BetaPRM, scores.jsonl and results.json"})
-    data: str | None = field(default=None, metadata={"help": "counts JSONL to train on (default: the bundled sample)"})
-    steps: int = field(default=80, metadata={"help": "optimiser steps"})
-    batch_size: int = field(default=16, metadata={"help": "traces per step"})
-    lr: float = field(default=2e-3, metadata={"help": "backbone learning rate (the kappa head gets 10x); high because the tiny model starts from random weights"})
-    lambda_reg: float = field(default=0.05, metadata={"help": "weight of the evidence regulariser"})
-    holdout: int = field(default=16, metadata={"help": "records held out for scoring"})
-    seed: int = field(default=0, metadata={"help": "random seed"})
-    quick: bool = field(default=False, metadata={"help": "a 20-step smoke run"})
+    out: str = _f("outputs/demo", "folder for data, models, results.json and plots")
+    world_config: str | None = _f(None, "JSON file of chain-arithmetic world settings (default: design.md section 6)")
+    seed: int = _f(0, "random seed for problems, models and training")
+    quick: bool = _f(False, "a small run (about 2 minutes) with the same steps")
+    n_train_problems: int = _f(3000, "training problems")
+    traces_per_train_problem: int = _f(2, "policy traces per training problem")
+    error_boost: float = _f(2.0, "training traces only: multiply the policy's error rates by this (more errors to learn from)")
+    n_val_problems: int = _f(300, "validation problems (selector tuning)")
+    n_test_problems: int = _f(1000, "test problems (Best-of-N pools)")
+    n_candidates: int = _f(16, "candidates per pool")
+    hidden_size: int = _f(128, "backbone width")
+    num_layers: int = _f(4, "backbone depth")
+    pretrain_tokens: int = _f(1_000_000, "language-model pretraining budget in tokens")
+    pretrain_lr: float = _f(2e-3, "pretraining learning rate")
+    prm_steps: int = _f(800, "optimiser steps for each PRM")
+    prm_batch: int = _f(32, "traces per PRM optimiser step")
+    prm_lr: float = _f(1e-3, "PRM learning rate (the kappa head gets 10x)")
+    aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
+    threads: int = _f(0, "torch CPU threads (0: torch's default)")
 
     def __post_init__(self):
-        problems = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("steps", "batch_size", "holdout") if getattr(self, k) < 1]
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr}")
-        if problems:
-            raise BetaPRMInputError("; ".join(problems))
+        bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) < 1]
+        if self.n_candidates < 2:
+            bad.append("n_candidates must be >= 2 for Best-of-N")
+        if bad:
+            raise BetaPRMInputError("bad demo configuration: " + "; ".join(bad))
+
+    def effective(self) -> "DemoConfig":
+        if not self.quick:
+            return self
+        return replace(self, n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3)
 
 
-def _load(path: str | None) -> tuple[str, list[dict]]:
-    if path is None:
-        src = resources.files("betaprm") / "resources" / "sample_counts.jsonl"
-        name, text = "bundled sample_counts.jsonl", src.read_text()
+# ---------------------------------------------------------------------------- data
+@dataclass
+class Pool:
+    problem: object
+    traces: list
+    answers: list
+    correct: np.ndarray
+    q_true: list = field(default_factory=list)
+    bayes: list = field(default_factory=list)  # per trace: (mean, var, lo, hi)
+
+
+def _pools(world, policy, problems, n):
+    pools = []
+    for p in problems:
+        traces = policy.sample_traces(p, n)
+        table = world.q_table(p)
+        pools.append(Pool(p, traces, [t.final for t in traces], np.array([t.correct for t in traces]),
+                          [world.true_q(p, t.values, table) for t in traces], [world.bayes_summary(p, t.values, 0.9, table) for t in traces]))
+    return pools
+
+
+def _records(world, label_policy, traces, mc_n, prefix):
+    from .synth import mc_label
+
+    return [{"id": f"{prefix}{i}", "question": t.problem.question, "steps": t.steps, "mc_correct": mc_label(world, label_policy, t, mc_n), "mc_total": mc_n}
+            for i, t in enumerate(traces)]
+
+
+# ---------------------------------------------------------------------------- backbone
+def _pretrain(cfg, world, tokenizer, marker, log):
+    """A small Llama trained as a language model on error-free traces, in the PRM's format."""
+    import torch
+
+    from .formatting import encode_traces
+    from .scoring import pad_batch
+    from .synth import SynthPolicy
+    from .tiny import tiny_causal_lm
+
+    torch.manual_seed(cfg.seed)
+    model = tiny_causal_lm(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=4, max_position_embeddings=512, seed=cfg.seed).train()
+    clean = SynthPolicy(world, seed=cfg.seed + 101, error_boost=0.0)
+    marker_id = tokenizer.convert_tokens_to_ids(marker)
+    probe = encode_traces(tokenizer, marker_id, [(t.problem.question, t.steps) for p in world.sample_problems(50, cfg.seed + 7, "x") for t in clean.sample_traces(p, 1)])
+    per_trace = np.mean([len(x) for x in probe])
+    batch = 32
+    steps = max(1, int(cfg.pretrain_tokens / (per_trace * batch)))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    problems = world.sample_problems(steps * batch, cfg.seed + 1000, "pre")
+    t0 = time.perf_counter()
+    for s in range(steps):
+        chunk = problems[s * batch : (s + 1) * batch]
+        ids = encode_traces(tokenizer, marker_id, [(p.question, clean.sample_traces(p, 1)[0].steps) for p in chunk])
+        x, mask = pad_batch(ids, tokenizer.pad_token_id)
+        labels = x.masked_fill(mask == 0, -100)
+        loss = model(input_ids=x, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
+            log(f"  pretraining step {s + 1}/{steps}  loss {loss.item():.3f}  ({time.perf_counter() - t0:.0f}s)")
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------- evaluation
+def _bon(pools, beta_scores, std_scores, tuned, n=None):
+    """Per-problem hits (0/1) of every selector on pools cut to their first n candidates."""
+    from .selection import candidate_scores, majority_vote, select, weighted_vote
+
+    out = {k: [] for k in ("single_pass", "majority_vote", "standard_prm_mean", "betaprm_mean", "betaprm_rb", "betaprm_lin",
+                           "standard_prm_vote", "betaprm_vote", "betaprm_reliability_vote", "bayes_top1", "bayes_vote", "oracle")}
+    for pool, bs, ss in zip(pools, beta_scores, std_scores):
+        k = n or len(pool.traces)
+        ans, cor, bs, ss = pool.answers[:k], pool.correct[:k], bs[:k], ss[:k]
+        bayes_final = np.array([b[0][-1] for b in pool.bayes[:k]])
+
+        def hit(i):
+            return float(i is not None and cor[i])
+
+        out["single_pass"].append(hit(0))
+        out["majority_vote"].append(hit(majority_vote(ans)))
+        out["standard_prm_mean"].append(hit(select(ss, "mean")))
+        out["betaprm_mean"].append(hit(select(bs, "mean")))
+        out["betaprm_rb"].append(hit(select(bs, "rb", tuned["rb"].lam, tuned["rb"].tau)))
+        out["betaprm_lin"].append(hit(select(bs, "lin", tuned["lin"].lam)))
+        out["standard_prm_vote"].append(hit(weighted_vote(ans, candidate_scores(ss, "mean"))))
+        out["betaprm_vote"].append(hit(weighted_vote(ans, candidate_scores(bs, "mean"))))
+        rel = np.clip(candidate_scores(bs, "lin", tuned["rel_vote_lam"]), 0, None)
+        out["betaprm_reliability_vote"].append(hit(weighted_vote(ans, rel)))
+        out["bayes_top1"].append(hit(int(np.argmax(bayes_final))))
+        out["bayes_vote"].append(hit(weighted_vote(ans, bayes_final)))
+        out["oracle"].append(float(cor.any()))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def _tune(val_pools, val_beta):
+    from .selection import PAPER_LAMBDAS, candidate_scores, tune, weighted_vote
+
+    correct = [p.correct for p in val_pools]
+    tuned = {"rb": tune(val_beta, correct, "rb"), "lin": tune(val_beta, correct, "lin")}
+    best = None
+    for lam in (0.0,) + PAPER_LAMBDAS:
+        acc = np.mean([bool(i is not None and p.correct[i]) for p, bs in zip(val_pools, val_beta)
+                       for i in [weighted_vote(p.answers, np.clip(candidate_scores(bs, "lin", lam), 0, None))]])
+        if best is None or acc > best[1]:
+            best = (lam, acc)
+    tuned["rel_vote_lam"] = best[0]
+    return tuned
+
+
+def _calibration(pools, scores, held_records, held_scores, beta: bool):
+    from scipy.stats import beta as beta_dist
+    from scipy.stats import binom
+
+    from .beta import beta_binomial_nll
+    from .evaluation.metrics import spearman
+
+    mu = np.concatenate([s.mu for sc in scores for s in sc])
+    kappa = np.concatenate([s.kappa for sc in scores for s in sc])
+    sigma = np.concatenate([s.sigma for sc in scores for s in sc])
+    q = np.concatenate([qq for p in pools for qq in p.q_true])
+    bm = np.concatenate([b[0] for p in pools for b in p.bayes])
+    bv = np.concatenate([b[1] for p in pools for b in p.bayes])
+    blo = np.concatenate([b[2] for p in pools for b in p.bayes])
+    bhi = np.concatenate([b[3] for p in pools for b in p.bayes])
+    k = np.concatenate([r["mc_correct"] for r in held_records]).astype(float)
+    n = np.concatenate([[r["mc_total"]] * len(r["steps"]) for r in held_records]).astype(float)
+    hmu = np.concatenate([s.mu for s in held_scores])
+    hkappa = np.concatenate([s.kappa for s in held_scores])
+    res = {"mu_mae_bayes": float(np.abs(mu - bm).mean()), "mu_mae_true": float(np.abs(mu - q).mean())}
+    if beta:
+        import torch
+
+        res["bb_nll"] = float(beta_binomial_nll(torch.tensor(hmu, dtype=torch.float64), torch.tensor(hkappa, dtype=torch.float64), torch.tensor(k), torch.tensor(n)).mean())
+        kappa_star = np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e6)
+        res["spearman_kappa_bayes"] = spearman(kappa, kappa_star)
+        res["spearman_sigma_bayes_std"] = spearman(sigma, np.sqrt(bv))
+        a, b = mu * kappa + 1e-6, (1 - mu) * kappa + 1e-6
+        lo, hi = beta_dist.ppf(0.05, a, b), beta_dist.ppf(0.95, a, b)
+        tol = 1e-6  # q is exactly 0 or 1 once the outcome is settled; a Beta puts no mass there
+        res["coverage90"] = float(np.mean((q >= lo - tol) & (q <= hi + tol)))
+        res["width90"] = float(np.mean(hi - lo))
+        res["bayes_coverage90"] = float(np.mean((q >= blo - tol) & (q <= bhi + tol)))
+        res["bayes_width90"] = float(np.mean(bhi - blo))
+        res["kappa_median"] = float(np.median(kappa))
     else:
-        p = Path(path)
-        if not p.is_file():
-            raise BetaPRMInputError(f"--data {path}: no such file")
-        name, text = path, p.read_text()
-    records = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            steps, k, n = r["steps"], r["mc_correct"], r["mc_total"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise BetaPRMInputError(f"{name} line {i}: not a counts record ({e}); need question, steps, mc_correct, mc_total") from None
-        n = [n] * len(steps) if isinstance(n, int) else n
-        if len(k) != len(steps) or len(n) != len(steps) or any(not 0 <= a <= b for a, b in zip(k, n)):
-            raise BetaPRMInputError(f"{name} line {i}: field mc_correct/mc_total: need one 0 <= K <= N per step")
-        records.append({**r, "mc_total": n})
-    if not records:
-        raise BetaPRMInputError(f"{name}: no records")
-    return name, records
+        # A point estimate claims q = mu exactly: its likelihood of the counts is binomial.
+        res["bb_nll"] = float(-binom.logpmf(k, n, np.clip(hmu, 1e-6, 1 - 1e-6)).mean())
+    return res, (mu, q, kappa, bm, bv)
 
 
-def _batch(prm, records):
-    ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(r["question"], r["steps"]) for r in records], prm.config.trace_format)
-    x, mask = pad_batch(ids, _pad_id(prm.tokenizer))
-    k = torch.tensor([v for r in records for v in r["mc_correct"]], dtype=torch.float32)
-    n = torch.tensor([v for r in records for v in r["mc_total"]], dtype=torch.float32)
-    return x, mask, k, n
-
-
-def _heldout_nll(prm, records) -> float:
-    prm.eval()
-    with torch.no_grad():
-        x, mask, k, n = _batch(prm, records)
-        out = prm(x, attention_mask=mask)
-        return beta_binomial_nll(out.mu, out.kappa, k, n).mean().item()
+def _table(rows, headers):
+    widths = [max(len(str(r[i])) for r in [headers] + rows) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
 
 
 def run_demo(cfg: DemoConfig, log=print) -> dict:
-    steps = 20 if cfg.quick else cfg.steps
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    name, records = _load(cfg.data)
-    if len(records) <= cfg.holdout:
-        raise BetaPRMInputError(f"{name}: {len(records)} records, need more than --holdout {cfg.holdout}")
-    train, test = records[: -cfg.holdout], records[-cfg.holdout :]
-    log(f"betaprm {_version()} demo: {len(train)} training and {len(test)} held-out traces from {name}")
+    import torch
 
-    texts = [r["question"] + "\n" + " ".join(r["steps"]) for r in train]
-    tokenizer = train_bytelevel_tokenizer(texts * 4, vocab_size=320)
-    backbone = tiny_causal_lm(len(tokenizer), hidden_size=64, num_layers=2, seed=cfg.seed)
-    prm = BetaPRM.from_backbone(backbone, tokenizer)
-    n_params = sum(p.numel() for p in prm.parameters())
-    log(f"model: random-init Llama, {n_params / 1e6:.2f}M parameters, byte-level BPE vocabulary of {len(tokenizer)}")
+    from .evaluation import plots
+    from .evaluation.metrics import bootstrap_ci, paired_bootstrap, within_problem_auroc
+    from .model import BetaPRM, _version
+    from .scoring import score_traces
+    from .synth import SynthPolicy, World, WorldConfig
+    from .tiny import train_bytelevel_tokenizer
+    from .train import TrainConfig, train
 
-    head = list(prm.kappa_head.parameters())
-    head_ids = {id(p) for p in head}
-    body = [p for p in prm.parameters() if id(p) not in head_ids]
-    opt = torch.optim.AdamW([{"params": body, "lr": cfg.lr}, {"params": head, "lr": 10 * cfg.lr, "weight_decay": 0.0}], weight_decay=0.05)
-    nll_before = _heldout_nll(prm, test)
-    rng = random.Random(cfg.seed)
-    t0 = time.perf_counter()
-    history = []
-    for step in range(1, steps + 1):
-        prm.train()
-        x, mask, k, n = _batch(prm, rng.sample(train, min(cfg.batch_size, len(train))))
-        out = prm(x, attention_mask=mask)
-        nll = beta_binomial_nll(out.mu, out.kappa, k, n).mean()
-        reg = evidence_regularizer(out.mu, out.kappa, k, n).mean()
-        loss = nll + cfg.lambda_reg * reg
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        history.append({"step": step, "loss": loss.item(), "nll": nll.item(), "kappa_mean": out.kappa.mean().item()})
-        if step % 10 == 0 or step == steps:
-            h = history[-1]
-            log(f"  step {step:4d}  loss {h['loss']:.3f}  nll {h['nll']:.3f}  kappa mean {h['kappa_mean']:.2f}")
-    nll_after = _heldout_nll(prm, test)
-    log(f"trained {steps} steps in {time.perf_counter() - t0:.1f}s; held-out Beta-Binomial NLL {nll_before:.3f} -> {nll_after:.3f}")
-
-    out_dir = Path(cfg.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    eff = cfg.effective()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    world_cfg = WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig()
+    world = World(world_cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a one-shard tiny model needs no "Writing shards" bar
-    prm.save_pretrained(out_dir / "model")
-    scores = [prm.score(r["question"], [r["steps"]])[0] for r in test]
-    with open(out_dir / "scores.jsonl", "w") as f:
-        for r, s in zip(test, scores):
-            f.write(json.dumps({"id": r.get("id"), "question": r["question"], "steps": r["steps"], "mc_correct": r["mc_correct"], "mc_total": r["mc_total"], **s.to_dict()}) + "\n")
-    log("\nheld-out scores (K/N is the Monte Carlo label; sigma is the Beta std):")
-    for r, s in list(zip(test, scores))[:3]:
-        log(f"  {r['question']}")
-        for step, kk, nn, m, kap, sig in zip(r["steps"], r["mc_correct"], r["mc_total"], s.mu, s.kappa, s.sigma):
-            log(f"    {step:<14} K/N {kk}/{nn}  mu {m:.3f}  kappa {kap:6.2f}  sigma {sig:.3f}")
-    result = {
-        "config": asdict(cfg),
-        "seed": cfg.seed,
-        "version": _version(),
-        "heldout_nll_before": nll_before,
-        "heldout_nll_after": nll_after,
-        "history": history,
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    log(f"betaprm {_version()} demo ({'quick' if cfg.quick else 'default'} run, seed {cfg.seed}) -> {out}")
+
+    # 1. data
+    t0 = time.perf_counter()
+    s = cfg.seed * 7919
+    train_p = world.sample_problems(eff.n_train_problems, s + 1, "train")
+    val_p = world.sample_problems(eff.n_val_problems, s + 2, "val")
+    test_p = world.sample_problems(eff.n_test_problems, s + 3, "test")
+    label_policy = SynthPolicy(world, seed=s + 11)
+    boosted = SynthPolicy(world, seed=s + 12, error_boost=eff.error_boost)
+    train_traces = [t for p in train_p for t in boosted.sample_traces(p, eff.traces_per_train_problem)]
+    train_records = _records(world, label_policy, train_traces, world_cfg.mc_n, "train")
+    pool_policy = SynthPolicy(world, seed=s + 13)
+    val_pools = _pools(world, pool_policy, val_p, eff.n_candidates)
+    test_pools = _pools(world, pool_policy, test_p, eff.n_candidates)
+    held_records = _records(world, label_policy, [p.traces[0] for p in test_pools], world_cfg.mc_n, "held")
+    with open(out / "train_counts.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train_records)
+    n_steps = sum(len(r["steps"]) for r in train_records)
+    log(f"data: {len(train_records)} training traces ({n_steps} labelled steps, K of {world_cfg.mc_n}), "
+        f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} ({time.perf_counter() - t0:.0f}s)")
+
+    # 2. tokenizer and pretrained backbone
+    t0 = time.perf_counter()
+    marker = "<prm>"
+    texts = [t.problem.question + " " + " ".join(t.steps) for t in train_traces[:2000]]
+    tokenizer = train_bytelevel_tokenizer(texts, vocab_size=300)
+    from tokenizers import AddedToken
+
+    tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
+    backbone = _pretrain(eff, world, tokenizer, marker, log)
+    backbone.save_pretrained(out / "backbone")
+    tokenizer.save_pretrained(out / "backbone")
+    n_params = sum(p.numel() for p in backbone.parameters())
+    log(f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) "
+        f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces ({time.perf_counter() - t0:.0f}s)")
+
+    # 3. the two PRMs, same budget and seed
+    models, histories = {}, {}
+    for name, objective in (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial")):
+        t0 = time.perf_counter()
+        tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
+                         learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
+                         logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=True,
+                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight)
+        prm, trainer, _ = train(tc, log=lambda *a: None)
+        models[name] = prm.eval()
+        histories[name] = trainer.state.log_history
+        last = [h for h in trainer.state.log_history if "loss" in h][-1]
+        log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
+
+    # 4. scoring
+    t0 = time.perf_counter()
+
+    def score_pools(prm, pools):
+        flat = score_traces(prm, [(p.problem.question, t.steps) for p in pools for t in p.traces], batch_size=64)
+        k = len(pools[0].traces)
+        return [flat[i * k : (i + 1) * k] for i in range(len(pools))]
+
+    sc = {name: {"val": score_pools(m, val_pools), "test": score_pools(m, test_pools)} for name, m in models.items()}
+    held = {name: score_traces(m, [(r["question"], r["steps"]) for r in held_records], batch_size=64) for name, m in models.items()}
+    log(f"scored {2 * (len(val_pools) + len(test_pools)) * eff.n_candidates} candidates ({time.perf_counter() - t0:.0f}s)")
+
+    # 5. evaluation: tune on validation, report on test
+    tuned = _tune(val_pools, sc["betaprm"]["val"])
+    hits = _bon(test_pools, sc["betaprm"]["test"], sc["standard_prm"]["test"], tuned)
+    bon = {k: {"acc": float(v.mean()), "ci": list(bootstrap_ci(v, seed=cfg.seed))} for k, v in hits.items()}
+    beta_sel = ("betaprm_mean", "betaprm_rb", "betaprm_lin", "betaprm_vote", "betaprm_reliability_vote")
+    best_beta = max(beta_sel, key=lambda k: tuned_val_score(k, val_pools, sc, tuned))
+    comparisons = {
+        "betaprm_rb_minus_standard_prm_mean": paired_bootstrap(hits["betaprm_rb"], hits["standard_prm_mean"], seed=cfg.seed),
+        "best_betaprm_minus_majority_vote": {"selector": best_beta, **paired_bootstrap(hits[best_beta], hits["majority_vote"], seed=cfg.seed)},
     }
-    (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    log(f"\nwrote {out_dir / 'model'}, {out_dir / 'scores.jsonl'} and {out_dir / 'results.json'}")
-    return result
+    curves = {}
+    for n in range(1, eff.n_candidates + 1):
+        h = _bon(test_pools, sc["betaprm"]["test"], sc["standard_prm"]["test"], tuned, n=n)
+        for k, v in h.items():
+            curves.setdefault(k, []).append(float(v.mean()))
+    labels = [p.correct for p in test_pools]
+    verification = {
+        f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in sc[name]["test"]], labels) for name in models
+    }
+    verification["bayes_auroc"] = within_problem_auroc([[b[0][-1] for b in p.bayes] for p in test_pools], labels)
+    calibration, arrays = {}, {}
+    for name in models:
+        calibration[name], arrays[name] = _calibration(test_pools, sc[name]["test"], held_records, held[name], beta=name == "betaprm")
+
+    results = {
+        "config": asdict(cfg), "effective_config": asdict(eff), "world": world_cfg.to_dict(), "seed": cfg.seed, "version": _version(),
+        "bon": bon, "comparisons": comparisons, "best_of_n_curve": {"n": list(range(1, eff.n_candidates + 1)), **curves},
+        "tuned": {"rb": {"lambda": tuned["rb"].lam, "q": tuned["rb"].q, "tau": tuned["rb"].tau, "val_acc": tuned["rb"].val_accuracy},
+                  "lin": {"lambda": tuned["lin"].lam, "val_acc": tuned["lin"].val_accuracy}, "reliability_vote_lambda": tuned["rel_vote_lam"]},
+        "verification": verification, "calibration": calibration,
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+
+    # plots
+    plots.kappa_dynamics(histories["betaprm"], out / "kappa_dynamics.png", "BetaPRM kappa during training")
+    plots.reliability_diagram({"standard PRM": (arrays["standard_prm"][0], arrays["standard_prm"][1]), "BetaPRM": (arrays["betaprm"][0], arrays["betaprm"][1]),
+                               "Bayes belief": (arrays["betaprm"][3], arrays["betaprm"][1])}, out / "reliability.png")
+    bm, bv = arrays["betaprm"][3], arrays["betaprm"][4]
+    plots.kappa_vs_bayes(arrays["betaprm"][2], np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e3), out / "kappa_vs_bayes.png")
+    ns = list(range(1, eff.n_candidates + 1))
+    plots.best_of_n_curves({k: (ns, curves[k]) for k in ("majority_vote", "standard_prm_mean", "betaprm_rb", "betaprm_vote", "bayes_vote", "oracle")}, out / "best_of_n.png")
+
+    log("\n" + format_results(results))
+    log(f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n .png) in {results['seconds']:.0f}s")
+    return results
+
+
+def tuned_val_score(key, val_pools, sc, tuned):
+    """Validation accuracy of a BetaPRM selector (to pick 'the best' without test data)."""
+    return float(_bon(val_pools, sc["betaprm"]["val"], sc["standard_prm"]["val"], tuned)[key].mean())
+
+
+NAMES = {
+    "single_pass": "single pass", "majority_vote": "majority vote", "standard_prm_mean": "standard PRM, top-1 mean mu",
+    "betaprm_mean": "BetaPRM, top-1 mean mu", "betaprm_rb": "BetaPRM, top-1 S_RB", "betaprm_lin": "BetaPRM, top-1 S_lin",
+    "standard_prm_vote": "standard PRM, weighted vote", "betaprm_vote": "BetaPRM, weighted vote",
+    "betaprm_reliability_vote": "BetaPRM, reliability-weighted vote", "bayes_top1": "Bayes belief, top-1",
+    "bayes_vote": "Bayes belief, weighted vote", "oracle": "oracle pass@n",
+}
+
+
+def format_results(r: dict) -> str:
+    n = r["effective_config"]["n_candidates"]
+    rows = [[NAMES.get(k, k), f"{v['acc']:.3f}", f"[{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"] for k, v in r["bon"].items()]
+    parts = [f"Best-of-{n}, {r['effective_config']['n_test_problems']} test problems (95% bootstrap intervals)", _table(rows, ["selector", "accuracy", "95% CI"])]
+    c = r["comparisons"]
+    a, b = c["betaprm_rb_minus_standard_prm_mean"], c["best_betaprm_minus_majority_vote"]
+    parts.append(f"BetaPRM S_RB - standard PRM: {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] (paired bootstrap)")
+    parts.append(f"best BetaPRM selector on validation ({NAMES[b['selector']]}) - majority vote: {b['diff']:+.3f} [{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}]")
+    t = r["tuned"]
+    parts.append(f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}")
+    v = r["verification"]
+    parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
+    parts.append(_table([["standard PRM", f"{v['standard_prm_auroc']:.3f}"], ["BetaPRM", f"{v['betaprm_auroc']:.3f}"], ["Bayes belief", f"{v['bayes_auroc']:.3f}"]], ["model", "AUROC"]))
+    cs, cb = r["calibration"]["standard_prm"], r["calibration"]["betaprm"]
+    parts.append("\nCalibration against the truth (test pools; NLL on held-out MC counts)")
+    rows = [
+        ["mu MAE vs Bayes mean", f"{cs['mu_mae_bayes']:.3f}", f"{cb['mu_mae_bayes']:.3f}"],
+        ["mu MAE vs true q", f"{cs['mu_mae_true']:.3f}", f"{cb['mu_mae_true']:.3f}"],
+        ["NLL of counts (standard: binomial at mu)", f"{cs['bb_nll']:.3f}", f"{cb['bb_nll']:.3f}"],
+        ["Spearman(kappa, kappa*)", "-", f"{cb['spearman_kappa_bayes']:.3f}"],
+        ["Spearman(sigma, Bayes std)", "-", f"{cb['spearman_sigma_bayes_std']:.3f}"],
+        ["90% interval coverage of q (Bayes)", "-", f"{cb['coverage90']:.3f} ({cb['bayes_coverage90']:.3f})"],
+        ["90% interval mean width (Bayes)", "-", f"{cb['width90']:.3f} ({cb['bayes_width90']:.3f})"],
+    ]
+    parts.append(_table(rows, ["metric", "standard PRM", "BetaPRM"]))
+    return "\n".join(parts)

@@ -93,6 +93,8 @@ class BetaPRMOutput:
     mu: torch.Tensor
     kappa: torch.Tensor
     row: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+    """(B, S, H) last hidden states, only with ``forward(..., return_hidden=True)``."""
 
     @property
     def sigma(self) -> torch.Tensor:
@@ -255,8 +257,11 @@ class BetaPRM(nn.Module):
         """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``."""
         return F.softplus(self.kappa_head(hidden.float()).squeeze(-1)) + self.config.kappa_min
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **backbone_inputs) -> BetaPRMOutput:
-        """Scores at every marker of a right- or left-padded batch ``input_ids`` (B, S)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_hidden: bool = False, **backbone_inputs) -> BetaPRMOutput:
+        """Scores at every marker of a right- or left-padded batch ``input_ids`` (B, S).
+
+        ``return_hidden`` also returns all last hidden states (for an auxiliary
+        language-model loss during training)."""
         out = self._decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **backbone_inputs)
         hidden = out.last_hidden_state  # (B, S, H)
         marker_mask = input_ids == self.config.marker_id  # (B, S)
@@ -264,7 +269,7 @@ class BetaPRM(nn.Module):
         h = hidden[marker_mask]  # (M, H), row-major order
         z = self.reward_logits(h)
         mu = torch.softmax(z, dim=-1)[:, 0]
-        return BetaPRMOutput(reward_logits=z, mu=mu, kappa=self.kappa_from_hidden(h), row=row)
+        return BetaPRMOutput(reward_logits=z, mu=mu, kappa=self.kappa_from_hidden(h), row=row, hidden_states=hidden if return_hidden else None)
 
     # ------------------------------------------------------------------ scoring
     def score(self, question: str, candidates, batch_size: int = 16):

@@ -46,6 +46,7 @@ class TrainConfig:
     objective: str = _f("beta-binomial", "beta-binomial (BetaPRM), soft-ce (the standard PRM) or hard-ce")
     lambda_reg: float = _f(0.05, "weight of the evidence regulariser (beta-binomial only)")
     hard_threshold: float = _f(0.5, "hard-ce: a step is correct when K/N > this (0 gives Math-Shepherd's 'any success')")
+    aux_lm_weight: float = _f(0.0, "weight of an auxiliary next-token loss on the trace text (keeps a small backbone's pretrained skills; costs full-vocabulary logits)")
     learning_rate: float = _f(1e-5, "peak learning rate of the backbone")
     head_lr_multiplier: float = _f(10.0, "the kappa head's learning rate is this times learning_rate")
     weight_decay: float = _f(0.05, "AdamW weight decay (not applied to biases, norms or the kappa head)")
@@ -149,8 +150,9 @@ def _trainer_class():
     class BetaPRMTrainer(Trainer):
         """A Trainer whose loss is the PRM objective at the markers."""
 
-        def __init__(self, *args, objective: str, lambda_reg: float, hard_threshold: float, head_lr_multiplier: float, **kwargs):
+        def __init__(self, *args, objective: str, lambda_reg: float, hard_threshold: float, head_lr_multiplier: float, aux_lm_weight: float = 0.0, **kwargs):
             super().__init__(*args, **kwargs)
+            self.aux_lm_weight = aux_lm_weight
             self.objective = objective
             self.lambda_reg = lambda_reg
             self.hard_threshold = hard_threshold
@@ -165,7 +167,7 @@ def _trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             k = inputs.pop("mc_correct").float()
             n = inputs.pop("mc_total").float()
-            out = model(**inputs)
+            out = model(**inputs, return_hidden=self.aux_lm_weight > 0)
             mu, kappa = out.mu.float(), out.kappa.float()
             if mu.shape != k.shape:
                 raise RuntimeError(f"{mu.shape[0]} markers in the batch but {k.shape[0]} labels: the collator and the model disagree")
@@ -180,6 +182,10 @@ def _trainer_class():
                 # The NLL of the counts under the (unused) initial kappa is not logged:
                 # only what the objective optimises.
                 loss, parts = ce, {"ce": ce}
+            if self.aux_lm_weight > 0:
+                lm = self._lm_loss(model, out.hidden_states, inputs["input_ids"], inputs.get("attention_mask"))
+                loss = loss + self.aux_lm_weight * lm
+                parts["lm"] = lm
             if model.training:
                 for name, val in parts.items():
                     self._buf.setdefault(name, []).append(val.detach())
@@ -187,9 +193,20 @@ def _trainer_class():
                 self._buf.setdefault("kappa", []).append(kappa.detach())
             return (loss, out) if return_outputs else loss
 
+        def _lm_loss(self, model, hidden, input_ids, attention_mask):
+            """Mean next-token cross-entropy over the trace, markers and padding excluded."""
+            prm = self.accelerator.unwrap_model(model)
+            head = prm.backbone.get_output_embeddings()
+            labels = input_ids[:, 1:]
+            keep = labels != prm.config.marker_id
+            if attention_mask is not None:
+                keep = keep & attention_mask[:, 1:].bool()
+            logits = head(hidden[:, :-1][keep]).float()  # (n_tokens, V)
+            return torch.nn.functional.cross_entropy(logits, labels[keep])
+
         def log(self, logs, start_time=None):
             if self._buf and "loss" in logs:
-                for name in ("nll", "reg", "ce"):
+                for name in ("nll", "reg", "ce", "lm"):
                     if name in self._buf:
                         logs[name] = torch.stack(self._buf[name]).mean().item()
                 kappa = torch.cat(self._buf["kappa"]).float()
@@ -384,6 +401,7 @@ def train(cfg: TrainConfig, log=print):
         lambda_reg=cfg.lambda_reg,
         hard_threshold=cfg.hard_threshold,
         head_lr_multiplier=cfg.head_lr_multiplier,
+        aux_lm_weight=cfg.aux_lm_weight,
     )
     resume = cfg.resume_from_checkpoint
     if resume == "last":

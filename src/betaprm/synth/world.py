@@ -324,10 +324,21 @@ class World:
             vars_.append(vars_[-1])
         return np.array(means), np.array(vars_)
 
-    def bayes_distribution(self, problem: Problem, values: Sequence[int], table: np.ndarray | None = None):
-        """The whole posterior of q after the given values: (support, weights), (2M,) each."""
+    def bayes_summary(self, problem: Problem, values: Sequence[int], level: float = 0.9, table: np.ndarray | None = None):
+        """Per step: mean and variance of q under the Bayes posterior and the central
+        ``level`` interval of that (discrete) posterior; (T+1,) arrays for a full trace."""
         P = self.q_table(problem) if table is None else table
-        post = None
-        for post in self._posteriors(problem, values):
-            pass
-        return P[len(values)].ravel(), post.ravel()
+        rows = []
+        tail = (1 - level) / 2
+        for s, post in enumerate(self._posteriors(problem, values)):
+            q = P[s + 1].ravel()
+            w = post.ravel()
+            m = float(w @ q)
+            order = np.argsort(q, kind="stable")
+            cdf = np.cumsum(w[order])
+            lo = q[order][np.searchsorted(cdf, tail - 1e-12)]
+            hi = q[order][min(np.searchsorted(cdf, 1 - tail - 1e-12), len(q) - 1)]
+            rows.append((m, max(float(w @ (q * q)) - m * m, 0.0), lo, hi))
+        if len(values) == problem.T:
+            rows.append(rows[-1])
+        return tuple(np.array(col) for col in zip(*rows))

@@ -1,0 +1,95 @@
+"""PNG plots for the evaluation commands (matplotlib, imported only when plotting)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def kappa_dynamics(log_history: list[dict], path, title: str = "kappa during training") -> None:
+    """kappa mean and 90th percentile per logging step (the paper's figure 4)."""
+    plt = _plt()
+    rows = [h for h in log_history if "kappa_mean" in h]
+    steps = [h["step"] for h in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(steps, [h["kappa_mean"] for h in rows], label="mean")
+    ax.plot(steps, [h["kappa_p90"] for h in rows], label="90th percentile")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("kappa")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)
+
+
+def reliability_diagram(series: dict, path, bins: int = 10) -> None:
+    """Mean predicted mu against the mean true success probability per mu bin.
+
+    ``series``: name -> (mu, target) arrays, target being the true q or outcomes."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
+    edges = np.linspace(0, 1, bins + 1)
+    for name, (mu, target) in series.items():
+        mu, target = np.asarray(mu), np.asarray(target)
+        idx = np.clip(np.digitize(mu, edges) - 1, 0, bins - 1)
+        xs, ys = [], []
+        for b in range(bins):
+            sel = idx == b
+            if sel.sum() >= 20:
+                xs.append(mu[sel].mean())
+                ys.append(target[sel].mean())
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xlabel("predicted mu")
+    ax.set_ylabel("true success probability")
+    ax.set_title("reliability")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)
+
+
+def kappa_vs_bayes(kappa, kappa_star, path, cap: float = 1e3) -> None:
+    """Scatter of predicted kappa against the Bayes belief's kappa* (log axes)."""
+    plt = _plt()
+    k = np.clip(np.asarray(kappa), 1e-3, cap)
+    ks = np.clip(np.asarray(kappa_star), 1e-3, cap)
+    rng = np.random.default_rng(0)
+    sel = rng.choice(len(k), size=min(len(k), 5000), replace=False)
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    ax.scatter(ks[sel], k[sel], s=3, alpha=0.3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("kappa* (Bayes-optimal)")
+    ax.set_ylabel("kappa (BetaPRM)")
+    ax.set_title("reliability vs the truth")
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)
+
+
+def best_of_n_curves(curves: dict, path, points: dict | None = None, xlabel: str = "n (candidates)") -> None:
+    """Accuracy against n (or tokens) per selector; ``points``: name -> (x, acc)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, (xs, ys) in curves.items():
+        ax.plot(xs, ys, marker=".", label=name)
+    for name, (x, y) in (points or {}).items():
+        ax.scatter([x], [y], marker="*", s=80, label=name, zorder=3)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)
