@@ -98,3 +98,22 @@ def test_add_marker_is_idempotent(bpe_tokenizer):
     rows = model.get_input_embeddings().weight.shape[0]
     assert _add_marker(model, tok, "<prm>") == first
     assert model.get_input_embeddings().weight.shape[0] == rows
+
+
+def test_marker_repeat_reads_the_last_of_each_run(bpe_tokenizer):
+    from betaprm.formatting import fit_to_length, read_positions
+
+    fmt = TraceFormat(marker_repeat=2)
+    assert format_trace("q", ["a", "b"], fmt) == "Question: q\nProcess: a<prm><prm>b<prm><prm>"
+    with pytest.raises(BetaPRMInputError, match="step 2 is empty"):
+        format_trace("q", ["a", ""], fmt)
+    M = 7
+    ids = [1, 2, M, M, 3, M, M, 4, 5, M, M]
+    assert read_positions(ids, M, 2) == [3, 6, 10]
+    assert fit_to_length(ids, M, 9, repeat=2) == ([1, 2, M, M, 3, M, M], 2)
+    assert fit_to_length(ids, M, 6, repeat=2) == ([1, 2, M, M], 1)  # a lone first marker of a run is not a step
+    tok = fresh_tokenizer(bpe_tokenizer)
+    tok.add_tokens(["<prm>"], special_tokens=True)
+    mid = tok.convert_tokens_to_ids("<prm>")
+    enc = encode_trace(tok, mid, "q", ["x", "y", "z"], fmt)
+    assert sum(t == mid for t in enc) == 6

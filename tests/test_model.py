@@ -215,3 +215,19 @@ def test_gradients_reach_backbone_and_head(bpe_tokenizer):
     lm_grad = prm.backbone.get_output_embeddings().weight.grad
     nonzero_rows = set(lm_grad.abs().sum(1).nonzero().flatten().tolist())
     assert nonzero_rows == set(prm.config.reward_token_ids)  # only the two reward rows
+
+
+def test_marker_repeat_scores_one_value_per_step(bpe_tokenizer):
+    prm = make_prm(bpe_tokenizer, marker_repeat=2)
+    from betaprm.formatting import read_positions
+
+    cands = [s for _, s in traces(4, seed=5)]
+    scores = prm.score("Q?", cands)
+    ids = encode_traces(prm.tokenizer, prm.config.marker_id, [("Q?", cands[0])], prm.config.trace_format)[0]
+    with torch.no_grad():
+        full = prm.backbone(torch.tensor([ids])).logits[0]
+    pos = read_positions(ids, prm.config.marker_id, 2)
+    yes, no = prm.config.reward_token_ids
+    ref = torch.softmax(full[pos][:, [yes, no]], -1)[:, 0].numpy()
+    assert [len(s) for s in scores] == [len(c) for c in cands]
+    np.testing.assert_allclose(scores[0].mu, ref, atol=1e-6)

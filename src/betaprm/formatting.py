@@ -32,6 +32,11 @@ class TraceFormat:
     chat_template: bool = False
     """Wrap the formatted trace in the tokenizer's chat template, as the assistant turn
     after an empty user turn (the layout of the authors' InternVL PRMs)."""
+    marker_repeat: int = 1
+    """Write the marker this many times after each step and read the scores at the last
+    one. 1 is the paper's layout; 2 gives a small model one more position (and so one
+    more attention hop) to compare a step with what it expected (the chain-arithmetic
+    demo uses it). Scores are still one per step."""
 
     def __post_init__(self):
         fields = [f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None]
@@ -41,6 +46,8 @@ class TraceFormat:
                 f"other fields; got fields {fields} in {self.template!r}. Write literal braces as "
                 "'{{' and '}}'."
             )
+        if not (isinstance(self.marker_repeat, int) and self.marker_repeat >= 1):
+            raise BetaPRMInputError(f"marker_repeat must be an integer >= 1, got {self.marker_repeat!r}")
         if not self.marker:
             raise BetaPRMInputError("marker must be a non-empty string, e.g. '<prm>'")
         if self.marker in self.template.replace("{question}", "").replace("{process}", ""):
@@ -68,7 +75,10 @@ def format_trace(question: str, steps: Sequence[str], fmt: TraceFormat = TraceFo
         raise BetaPRMInputError(f"steps must be a non-empty list of strings, got {steps!r:.80}")
     for i, step in enumerate(steps):
         _check_text(step, f"step {i + 1}", fmt.marker)
-    process = fmt.step_separator.join(step + fmt.marker for step in steps)
+        if fmt.marker_repeat > 1 and not step:
+            # Adjacent marker runs could not be told apart.
+            raise BetaPRMInputError(f"step {i + 1} is empty, which marker_repeat > 1 cannot align; remove empty steps")
+    process = fmt.step_separator.join(step + fmt.marker * fmt.marker_repeat for step in steps)
     # Literal pieces are joined by hand: str.format would choke on braces inside the
     # question (LaTeX!), and str.replace would re-scan substituted text.
     parts = []
@@ -98,9 +108,10 @@ def encode_traces(
     encoded = tokenizer(texts, add_special_tokens=not fmt.chat_template)["input_ids"]
     for (question, steps), ids in zip(traces, encoded):
         found = sum(1 for t in ids if t == marker_id)
-        if found != len(steps):
+        if found != len(steps) * fmt.marker_repeat:
             raise BetaPRMInputError(
-                f"the formatted trace holds {found} marker tokens for {len(steps)} steps, so scores "
+                f"the formatted trace holds {found} marker tokens for {len(steps)} steps "
+                f"(x{fmt.marker_repeat} markers each), so scores "
                 f"would not line up with steps (question {question!r:.60}). The tokenizer or chat "
                 f"template changed the marker {fmt.marker!r}; check that it is a special token of "
                 "this tokenizer and that the chat template keeps the assistant text verbatim."
@@ -113,21 +124,23 @@ def encode_trace(tokenizer, marker_id: int, question: str, steps: Sequence[str],
     return encode_traces(tokenizer, marker_id, [(question, steps)], fmt)[0]
 
 
-def fit_to_length(ids: Sequence[int], marker_id: int, max_length: int) -> tuple[list[int], int]:
+def read_positions(ids: Sequence[int], marker_id: int, repeat: int = 1) -> list[int]:
+    """Positions where a step's scores are read: the last marker of each run of ``repeat``."""
+    pos = [i for i, t in enumerate(ids) if t == marker_id]
+    return pos[repeat - 1 :: repeat]
+
+
+def fit_to_length(ids: Sequence[int], marker_id: int, max_length: int, repeat: int = 1) -> tuple[list[int], int]:
     """Cut an encoded trace to at most ``max_length`` tokens, keeping only whole steps.
 
-    Returns ``(ids, n_steps_kept)``: the tokens up to and including the last marker that
-    fits, so the kept markers are exactly the first ``n_steps_kept`` steps' markers and
-    their labels stay aligned (the model is causal: a marker never sees later tokens).
-    ``n_steps_kept == 0`` means not even the first step fits.
+    Returns ``(ids, n_steps_kept)``: the tokens up to and including the last step marker
+    (the last of its run of ``repeat``) that fits, so the kept markers are exactly the
+    first ``n_steps_kept`` steps' and their labels stay aligned (the model is causal: a
+    marker never sees later tokens). ``n_steps_kept == 0``: not even one step fits.
     """
     ids = list(ids)
-    total = sum(1 for t in ids if t == marker_id)
+    reads = read_positions(ids, marker_id, repeat)
     if len(ids) <= max_length:
-        return ids, total
-    last = -1
-    kept = 0
-    for i, t in enumerate(ids[:max_length]):
-        if t == marker_id:
-            last, kept = i, kept + 1
-    return (ids[: last + 1], kept) if kept else ([], 0)
+        return ids, len(reads)
+    fitting = [i for i in reads if i < max_length]
+    return (ids[: fitting[-1] + 1], len(fitting)) if fitting else ([], 0)

@@ -44,6 +44,7 @@ class BetaPRMConfig:
     template: str = DEFAULT_TEMPLATE
     step_separator: str = ""
     chat_template: bool = False
+    marker_repeat: int = 1
     # Resolved against the tokenizer at creation and checked again at load time.
     marker_id: int = -1
     reward_token_ids: tuple[int, int] = (-1, -1)
@@ -78,7 +79,7 @@ class BetaPRMConfig:
 
     @property
     def trace_format(self) -> TraceFormat:
-        return TraceFormat(self.template, self.marker, self.step_separator, self.chat_template)
+        return TraceFormat(self.template, self.marker, self.step_separator, self.chat_template, self.marker_repeat)
 
 
 @dataclass
@@ -167,6 +168,7 @@ class BetaPRM(nn.Module):
         template: str = DEFAULT_TEMPLATE,
         step_separator: str = "",
         chat_template: bool = False,
+        marker_repeat: int = 1,
         trust_remote_code: bool = False,
         dtype=None,
     ) -> "BetaPRM":
@@ -200,8 +202,9 @@ class BetaPRM(nn.Module):
             template=template,
             step_separator=step_separator,
             chat_template=chat_template,
+            marker_repeat=marker_repeat,
         )
-        TraceFormat(template, marker, step_separator, chat_template)  # validates the template
+        config.trace_format  # validates the template and marker settings
         config.marker_id = _add_marker(backbone, tokenizer, marker)
         yes = _single_token_id(tokenizer, config.reward_tokens[0], "reward token")
         no = _single_token_id(tokenizer, config.reward_tokens[1], "reward token")
@@ -265,6 +268,8 @@ class BetaPRM(nn.Module):
         out = self._decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **backbone_inputs)
         hidden = out.last_hidden_state  # (B, S, H)
         marker_mask = input_ids == self.config.marker_id  # (B, S)
+        if self.config.marker_repeat > 1:  # read at the last marker of each run
+            marker_mask[:, :-1] &= ~marker_mask[:, 1:]
         row = marker_mask.nonzero(as_tuple=True)[0]
         h = hidden[marker_mask]  # (M, H), row-major order
         z = self.reward_logits(h)

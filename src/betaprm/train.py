@@ -77,6 +77,7 @@ class TrainConfig:
     kappa_init: float = _f(4.0, "kappa of a new head before training")
     kappa_min: float = _f(1e-3, "lower bound added to softplus")
     chat_template: bool = _f(False, "wrap traces in the tokenizer's chat template (assistant turn)")
+    marker_repeat: int = _f(1, "markers written after each step, scores read at the last (1: the paper's layout)")
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint (off unless you trust it)")
     dataloader_num_workers: int = _f(0, "data loader worker processes")
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
@@ -272,7 +273,7 @@ def load_or_create(cfg: TrainConfig):
         return BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
     return BetaPRM.from_backbone(
         cfg.model, marker=cfg.marker, reward_tokens=cfg.reward_words, kappa_init=cfg.kappa_init,
-        kappa_min=cfg.kappa_min, chat_template=cfg.chat_template, trust_remote_code=cfg.trust_remote_code,
+        kappa_min=cfg.kappa_min, chat_template=cfg.chat_template, marker_repeat=cfg.marker_repeat, trust_remote_code=cfg.trust_remote_code,
     )
 
 

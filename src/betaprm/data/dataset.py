@@ -64,7 +64,7 @@ def encode_records(prm, records: Sequence[Record], max_length: int, truncation: 
         batch = records[start : start + chunk]
         encoded = encode_traces(prm.tokenizer, marker_id, [(r.question, r.steps) for r in batch], prm.config.trace_format)
         for r, ids in zip(batch, encoded):
-            kept_ids, kept = fit_to_length(ids, marker_id, max_length)
+            kept_ids, kept = fit_to_length(ids, marker_id, max_length, prm.config.marker_repeat)
             if kept < len(r.steps):
                 if truncation == "reject" or kept == 0:
                     stats.rejected_too_long += 1
