@@ -53,7 +53,9 @@ class DemoConfig:
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_lr: float = _f(1e-3, "PRM learning rate (the kappa head gets 10x)")
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
+    marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
+    backbone: str | None = _f(None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining")
 
     def __post_init__(self):
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) < 1]
@@ -101,7 +103,7 @@ def _pretrain(cfg, world, tokenizer, marker, log):
     """A small Llama trained as a language model on error-free traces, in the PRM's format."""
     import torch
 
-    from .formatting import encode_traces
+    from .formatting import TraceFormat, encode_traces
     from .scoring import pad_batch
     from .synth import SynthPolicy
     from .tiny import tiny_causal_lm
@@ -110,7 +112,8 @@ def _pretrain(cfg, world, tokenizer, marker, log):
     model = tiny_causal_lm(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=4, max_position_embeddings=512, seed=cfg.seed).train()
     clean = SynthPolicy(world, seed=cfg.seed + 101, error_boost=0.0)
     marker_id = tokenizer.convert_tokens_to_ids(marker)
-    probe = encode_traces(tokenizer, marker_id, [(t.problem.question, t.steps) for p in world.sample_problems(50, cfg.seed + 7, "x") for t in clean.sample_traces(p, 1)])
+    fmt = TraceFormat(marker=marker, marker_repeat=cfg.marker_repeat)  # the PRM's layout
+    probe = encode_traces(tokenizer, marker_id, [(t.problem.question, t.steps) for p in world.sample_problems(50, cfg.seed + 7, "x") for t in clean.sample_traces(p, 1)], fmt)
     per_trace = np.mean([len(x) for x in probe])
     batch = 32
     steps = max(1, int(cfg.pretrain_tokens / (per_trace * batch)))
@@ -120,7 +123,7 @@ def _pretrain(cfg, world, tokenizer, marker, log):
     t0 = time.perf_counter()
     for s in range(steps):
         chunk = problems[s * batch : (s + 1) * batch]
-        ids = encode_traces(tokenizer, marker_id, [(p.question, clean.sample_traces(p, 1)[0].steps) for p in chunk])
+        ids = encode_traces(tokenizer, marker_id, [(p.question, clean.sample_traces(p, 1)[0].steps) for p in chunk], fmt)
         x, mask = pad_batch(ids, tokenizer.pad_token_id)
         labels = x.masked_fill(mask == 0, -100)
         loss = model(input_ids=x, attention_mask=mask, labels=labels).loss
@@ -281,7 +284,17 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     from tokenizers import AddedToken
 
     tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
-    backbone = _pretrain(eff, world, tokenizer, marker, log)
+    if cfg.backbone:
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+        if not (Path(cfg.backbone) / "config.json").is_file():
+            raise BetaPRMInputError(f"--backbone {cfg.backbone}: not a saved backbone (config.json missing)")
+        backbone = AutoModelForCausalLM.from_pretrained(cfg.backbone)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.backbone)
+        eff = replace(eff, hidden_size=backbone.config.hidden_size, num_layers=backbone.config.num_hidden_layers)
+        log(f"backbone: reusing {cfg.backbone}")
+    else:
+        backbone = _pretrain(eff, world, tokenizer, marker, log)
     backbone.save_pretrained(out / "backbone")
     tokenizer.save_pretrained(out / "backbone")
     n_params = sum(p.numel() for p in backbone.parameters())
@@ -295,7 +308,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
                          learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
                          logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=True,
-                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight)
+                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat)
         prm, trainer, _ = train(tc, log=lambda *a: None)
         models[name] = prm.eval()
         histories[name] = trainer.state.log_history
