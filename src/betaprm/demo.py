@@ -41,7 +41,7 @@ class DemoConfig:
     quick: bool = _f(False, "a small run (about 2 minutes) with the same steps")
     n_train_problems: int = _f(3000, "training problems")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
-    error_boost: float = _f(2.0, "training traces only: multiply the policy's error rates by this (more errors to learn from)")
+    error_boost: float = _f(2.0, "training traces only: multiply the error rates of verifiable steps (+, *) by this: more errors a PRM can see")
     n_val_problems: int = _f(300, "validation problems (selector tuning)")
     n_test_problems: int = _f(1000, "test problems (Best-of-N pools)")
     n_candidates: int = _f(16, "candidates per pool")
@@ -279,7 +279,10 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     # 2. tokenizer and pretrained backbone
     t0 = time.perf_counter()
     marker = "<prm>"
-    texts = [t.problem.question + " " + " ".join(t.steps) for t in train_traces[:2000]]
+    from .formatting import format_trace
+
+    # Trained on traces as the PRM sees them, so "Question:" and "Process:" are tokens too.
+    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in train_traces[:2000]]
     tokenizer = train_bytelevel_tokenizer(texts, vocab_size=300)
     from tokenizers import AddedToken
 

@@ -206,11 +206,14 @@ class World:
         return [self.sample_problem(rng, f"{prefix}{i}") for i in range(n)]
 
     def sample_errors(self, problem: Problem, s: int, n: int, rng: np.random.Generator, boost: float = 1.0) -> np.ndarray:
-        """n error offsets for op s. ``boost`` multiplies the error rate (used only to
-        enrich training traces with errors; 1.0 is the world's policy)."""
+        """n error offsets for op s. ``boost`` multiplies the error rate of verifiable
+        steps (+ and *) only: it enriches training traces with errors a PRM can see
+        (1.0 is the world's policy; 0.0 gives error-free verifiable steps)."""
         op = OPS.index(problem.ops[s][0])
         ker = self.kernel[problem.level, op]
-        if boost != 1.0:
+        if boost == 0.0:
+            return np.zeros(n, dtype=np.int64)  # error-free traces (pretraining corpus)
+        if boost != 1.0 and problem.ops[s][0] != "?":
             e = min(0.95, (1 - ker[0]) * boost)
             ker = ker.copy()
             ker[1:] *= e / max(1 - ker[0], 1e-12)
