@@ -49,9 +49,10 @@ class DemoConfig:
     num_layers: int = _f(4, "backbone depth")
     pretrain_tokens: int = _f(1_000_000, "language-model pretraining budget in tokens")
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
-    prm_steps: int = _f(800, "optimiser steps for each PRM")
+    prm_steps: int = _f(1100, "optimiser steps for each PRM")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
-    prm_lr: float = _f(1e-3, "PRM learning rate (the kappa head gets 10x)")
+    prm_lr: float = _f(1e-3, "PRM learning rate")
+    head_lr_multiplier: float = _f(1.0, "kappa head learning rate / prm_lr (the paper's 10x, at lr 1e-5 on 8B models, let this tiny model's kappa path swamp the mu path at lr 1e-3)")
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
@@ -311,8 +312,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
                          learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
                          logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=True,
-                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat)
-        prm, trainer, _ = train(tc, log=lambda *a: None)
+                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier)
+        prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True)
         models[name] = prm.eval()
         histories[name] = trainer.state.log_history
         last = [h for h in trainer.state.log_history if "loss" in h][-1]

@@ -322,9 +322,10 @@ def _last_checkpoint(output_dir: str) -> str:
     return last
 
 
-def train(cfg: TrainConfig, log=print):
+def train(cfg: TrainConfig, log=print, quiet: bool = False):
     """Run training; returns ``(prm, trainer, encode_stats)``. The final BetaPRM is
-    written to ``cfg.output_dir``."""
+    written to ``cfg.output_dir``. ``quiet`` drops the Trainer's progress bar and printed
+    logs (the log history is kept)."""
     from transformers import TrainingArguments, set_seed
 
     from .data.dataset import CountsCollator, encode_records
@@ -362,7 +363,7 @@ def train(cfg: TrainConfig, log=print):
 
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(loaded.records), desc="tokenising", disable=rank != 0, unit="rec") as bar:
+    with tqdm(total=len(loaded.records), desc="tokenising", disable=rank != 0 or quiet, unit="rec") as bar:
         dataset = encode_records(prm, loaded.records, cfg.max_length, cfg.truncation, progress=bar.update)
     say(dataset.stats.describe(cfg.max_length))
     if len(dataset) == 0:
@@ -404,6 +405,11 @@ def train(cfg: TrainConfig, log=print):
         head_lr_multiplier=cfg.head_lr_multiplier,
         aux_lm_weight=cfg.aux_lm_weight,
     )
+    if quiet:
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
     resume = cfg.resume_from_checkpoint
     if resume == "last":
         resume = _last_checkpoint(cfg.output_dir)
