@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
+from betaprm.tiny import train_bytelevel_tokenizer
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

@@ -101,7 +101,7 @@ def _brute_belief(w, p, values):
 
 def test_filter_matches_brute_force_over_hidden_variables():
     w, probs = _small_problems()
-    rng = np.random.default_rng(0)
+    np.random.default_rng(0)
     checked = 0
     for p in probs[::5]:
         for tr in SynthPolicy(w, seed=checked).sample_traces(p, 2):

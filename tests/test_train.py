@@ -1,11 +1,7 @@
 """Training: objectives, optimiser groups, float32 loss, truncation, logging, resume, LoRA."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

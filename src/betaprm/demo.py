@@ -150,7 +150,7 @@ def _bon(pools, beta_scores, std_scores, tuned, n=None):
         ans, cor, bs, ss = pool.answers[:k], pool.correct[:k], bs[:k], ss[:k]
         bayes_final = np.array([b[0][-1] for b in pool.bayes[:k]])
 
-        def hit(i):
+        def hit(i, cor=cor):
             return float(i is not None and cor[i])
 
         out["single_pass"].append(hit(0))
@@ -236,7 +236,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
 
     from .evaluation import plots
     from .evaluation.metrics import bootstrap_ci, paired_bootstrap, within_problem_auroc
-    from .model import BetaPRM, _version
+    from .model import _version
     from .scoring import score_traces
     from .synth import SynthPolicy, World, WorldConfig
     from .tiny import train_bytelevel_tokenizer
@@ -336,7 +336,9 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     hits = _bon(test_pools, sc["betaprm"]["test"], sc["standard_prm"]["test"], tuned)
     bon = {k: {"acc": float(v.mean()), "ci": list(bootstrap_ci(v, seed=cfg.seed))} for k, v in hits.items()}
     beta_sel = ("betaprm_mean", "betaprm_rb", "betaprm_lin", "betaprm_vote", "betaprm_reliability_vote")
-    best_beta = max(beta_sel, key=lambda k: tuned_val_score(k, val_pools, sc, tuned))
+    # "The best BetaPRM selector" is chosen on validation, never on test.
+    val_hits = _bon(val_pools, sc["betaprm"]["val"], sc["standard_prm"]["val"], tuned)
+    best_beta = max(beta_sel, key=lambda k: val_hits[k].mean())
     comparisons = {
         "betaprm_rb_minus_standard_prm_mean": paired_bootstrap(hits["betaprm_rb"], hits["standard_prm_mean"], seed=cfg.seed),
         "best_betaprm_minus_majority_vote": {"selector": best_beta, **paired_bootstrap(hits[best_beta], hits["majority_vote"], seed=cfg.seed)},
@@ -377,11 +379,6 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     log("\n" + format_results(results))
     log(f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n .png) in {results['seconds']:.0f}s")
     return results
-
-
-def tuned_val_score(key, val_pools, sc, tuned):
-    """Validation accuracy of a BetaPRM selector (to pick 'the best' without test data)."""
-    return float(_bon(val_pools, sc["betaprm"]["val"], sc["standard_prm"]["val"], tuned)[key].mean())
 
 
 NAMES = {

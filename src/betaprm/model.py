@@ -204,7 +204,7 @@ class BetaPRM(nn.Module):
             chat_template=chat_template,
             marker_repeat=marker_repeat,
         )
-        config.trace_format  # validates the template and marker settings
+        _ = config.trace_format  # building it validates the template and marker settings
         config.marker_id = _add_marker(backbone, tokenizer, marker)
         yes = _single_token_id(tokenizer, config.reward_tokens[0], "reward token")
         no = _single_token_id(tokenizer, config.reward_tokens[1], "reward token")

@@ -17,7 +17,6 @@ safetensors plus the Trainer's optimiser, scheduler, RNG and data position, so
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
