@@ -260,11 +260,12 @@ class BetaPRM(nn.Module):
         """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``."""
         return F.softplus(self.kappa_head(hidden.float()).squeeze(-1)) + self.config.kappa_min
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_hidden: bool = False, **backbone_inputs) -> BetaPRMOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_hidden: bool = False, detach_kappa: bool = False, **backbone_inputs) -> BetaPRMOutput:
         """Scores at every marker of a right- or left-padded batch ``input_ids`` (B, S).
 
         ``return_hidden`` also returns all last hidden states (for an auxiliary
-        language-model loss during training)."""
+        language-model loss during training). ``detach_kappa`` stops the kappa head's
+        gradient at the hidden state (training only: the values are the same)."""
         out = self._decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **backbone_inputs)
         hidden = out.last_hidden_state  # (B, S, H)
         marker_mask = input_ids == self.config.marker_id  # (B, S)
@@ -274,7 +275,7 @@ class BetaPRM(nn.Module):
         h = hidden[marker_mask]  # (M, H), row-major order
         z = self.reward_logits(h)
         mu = torch.softmax(z, dim=-1)[:, 0]
-        return BetaPRMOutput(reward_logits=z, mu=mu, kappa=self.kappa_from_hidden(h), row=row, hidden_states=hidden if return_hidden else None)
+        return BetaPRMOutput(reward_logits=z, mu=mu, kappa=self.kappa_from_hidden(h.detach() if detach_kappa else h), row=row, hidden_states=hidden if return_hidden else None)
 
     # ------------------------------------------------------------------ scoring
     def score(self, question: str, candidates, batch_size: int = 16):

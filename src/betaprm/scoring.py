@@ -16,7 +16,7 @@ import torch
 
 from .formatting import encode_traces
 
-__all__ = ["StepScores", "score_traces", "score_token_ids"]
+__all__ = ["PRMScorer", "StepScores", "score_traces", "score_token_ids"]
 
 
 @dataclass
@@ -187,3 +187,15 @@ def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error
             bar.update(len(pools))
             start = end
     return stats
+
+
+class PRMScorer:
+    """A ``Scorer`` for ACA and the labeller: ``scorer(traces) -> list[StepScores]``
+    with a BetaPRM (or a standard PRM trained by betaprm) and a batch size."""
+
+    def __init__(self, prm, batch_size: int = 16):
+        self.prm = prm
+        self.batch_size = batch_size
+
+    def __call__(self, traces: Sequence[tuple[str, Sequence[str]]]) -> list[StepScores]:
+        return score_traces(self.prm, [(q, list(s)) for q, s in traces], batch_size=self.batch_size)

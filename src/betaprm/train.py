@@ -75,6 +75,7 @@ class TrainConfig:
     reward_tokens: str = _f("Yes,No", "the two reward words, positive first, comma-separated")
     kappa_init: float = _f(4.0, "kappa of a new head before training")
     kappa_min: float = _f(1e-3, "lower bound added to softplus")
+    kappa_detach: bool = _f(False, "beta-binomial: stop the kappa head's gradient at the backbone, so the backbone is shaped by mu alone and kappa reads its features")
     chat_template: bool = _f(False, "wrap traces in the tokenizer's chat template (assistant turn)")
     marker_repeat: int = _f(1, "markers written after each step, scores read at the last (1: the paper's layout)")
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint (off unless you trust it)")
@@ -150,13 +151,14 @@ def _trainer_class():
     class BetaPRMTrainer(Trainer):
         """A Trainer whose loss is the PRM objective at the markers."""
 
-        def __init__(self, *args, objective: str, lambda_reg: float, hard_threshold: float, head_lr_multiplier: float, aux_lm_weight: float = 0.0, **kwargs):
+        def __init__(self, *args, objective: str, lambda_reg: float, hard_threshold: float, head_lr_multiplier: float, aux_lm_weight: float = 0.0, kappa_detach: bool = False, **kwargs):
             super().__init__(*args, **kwargs)
             self.aux_lm_weight = aux_lm_weight
             self.objective = objective
             self.lambda_reg = lambda_reg
             self.hard_threshold = hard_threshold
             self.head_lr_multiplier = head_lr_multiplier
+            self.kappa_detach = kappa_detach
             # Our loss is a per-micro-batch mean: the Trainer divides it by the number of
             # accumulation steps, and must not pass num_items_in_batch to the model.
             self.model_accepts_loss_kwargs = False
@@ -167,7 +169,7 @@ def _trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             k = inputs.pop("mc_correct").float()
             n = inputs.pop("mc_total").float()
-            out = model(**inputs, return_hidden=self.aux_lm_weight > 0)
+            out = model(**inputs, return_hidden=self.aux_lm_weight > 0, detach_kappa=self.kappa_detach)
             mu, kappa = out.mu.float(), out.kappa.float()
             if mu.shape != k.shape:
                 raise RuntimeError(f"{mu.shape[0]} markers in the batch but {k.shape[0]} labels: the collator and the model disagree")
@@ -402,6 +404,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False):
         lambda_reg=cfg.lambda_reg,
         hard_threshold=cfg.hard_threshold,
         head_lr_multiplier=cfg.head_lr_multiplier,
+        kappa_detach=cfg.kappa_detach,
         aux_lm_weight=cfg.aux_lm_weight,
     )
     if quiet:

@@ -6,9 +6,10 @@ import argparse
 import sys
 
 from ..errors import BetaPRMInputError
-from . import convert, demo, score, train, validate
+from ..generation.base import GenerationError
+from . import aca, convert, demo, score, train, validate
 
-COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert}
+COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert, "aca": aca}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +47,11 @@ def main(argv=None) -> int:
             raise
         print(f"betaprm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except GenerationError as e:
+        if args.debug:
+            raise
+        print(f"betaprm {args.command}: generation failed: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,6 @@
 """Generation: the ``Generator`` protocol that the labeller, ACA and the demo sample through."""
 
-from .base import Completion, GenerationRequest, Generator
+from .base import Completion, GenerationError, GenerationRequest, Generator
+from .text import Sampling, TextFormat
 
-__all__ = ["Completion", "GenerationRequest", "Generator"]
+__all__ = ["Completion", "GenerationError", "GenerationRequest", "Generator", "Sampling", "TextFormat"]

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
+class GenerationError(RuntimeError):
+    """A generation backend could not produce completions (server down, bad answers,
+    missing package or GPU). The CLI reports it in one line, exit status 1."""
+
+
 @dataclass
 class GenerationRequest:
     """Continue ``prefix`` (steps already kept) for ``question``, ``n`` times."""
@@ -24,6 +29,9 @@ class GenerationRequest:
     problem: Any = None
     """Backend-specific handle on the problem (the synthetic world passes its Problem,
     whose hidden values its policy knows); text backends ignore it."""
+    seed: int | None = None
+    """Sampling seed for this request (backends that support it): makes a resumed run
+    draw what the uninterrupted run drew."""
 
 
 @dataclass

@@ -33,12 +33,13 @@ class SynthPolicy:
             if len(req.prefix) > p.T:  # the answer step is already written: nothing to add
                 out.append([Completion([], 0) for _ in range(req.n)])
                 continue
+            rng = self.rng if req.seed is None else np.random.default_rng(req.seed)
             prefix_vals = self.world.values_of(p, req.prefix)
-            cont = self.world.continue_values(p, prefix_vals, req.n, self.rng, self.error_boost)
+            cont = self.world.continue_values(p, prefix_vals, req.n, rng, self.error_boost)
             comps = []
             for row in cont:
                 values = list(prefix_vals) + [int(x) for x in row]
-                steps = self.world.step_texts(p, values, len(prefix_vals), self.rng)
+                steps = self.world.step_texts(p, values, len(prefix_vals), rng)
                 comps.append(Completion(steps, sum(self.count_tokens(s) for s in steps)))
             out.append(comps)
         return out
@@ -62,3 +63,26 @@ def mc_label(world: World, generator, trace: Trace, n: int) -> list[int]:
         full_last = [c.steps[-1] if c.steps else trace.steps[t] for c in comps]
         ks.append(sum(parse_value(s) == p.answer for s in full_last))
     return ks
+
+
+def synth_tasks(problems: Sequence[Problem]) -> list:
+    """ACA / labeller tasks for chain-arithmetic problems (the Problem is the handle the
+    policy continues)."""
+    from ..aca import Task
+
+    return [Task(p.id, p.question, p.answer, p) for p in problems]
+
+
+def synth_answer(steps: Sequence[str]) -> int | None:
+    """The value a chain-arithmetic trace ends with (None when the last step has none)."""
+    from .world import parse_value
+
+    try:
+        return parse_value(steps[-1])
+    except Exception:
+        return None
+
+
+def synth_is_correct(task, answer) -> bool:
+    """The world's exact checker: the final value equals the true answer."""
+    return answer is not None and int(answer) == int(task.handle.answer)

@@ -1,0 +1,317 @@
+"""Adaptive Computation Allocation (paper section 5 and appendix A.5).
+
+For each problem ACA samples ``n0`` candidates from scratch, scores them, and then either
+stops or spends another batch of ``m`` samples, up to ``budget`` candidates in all:
+
+- candidates are ranked by ``S(y) = mean_t (mu_t - lam * sigma_t)`` with uncertainty
+  ``U(y) = mean_t sigma_t``; ``LCB = S - c_stop * U`` and ``UCB = S + c_stop * U``;
+- it **stops** when ``LCB(best) > max UCB(competitors)``. Candidates with the same final
+  answer as the best are not its competitors (identical correct traces would otherwise
+  never let it stop; design.md section 6); with no competitor left it stops too;
+- otherwise it **repairs** the competitor with the highest UCB: the cut point is the
+  earliest step with ``mu_t - c_cut * sigma_t < p_bad``, else the step with the largest
+  ``sigma_t``; the steps before the cut are kept and ``m`` continuations are sampled from
+  there. The final answer step is not a cut point (regenerating only the answer from an
+  unchanged derivation spends tokens on nothing); a one-step candidate is cut at 0;
+- the final choice is made by ``final`` (``rb``: S_RB, as in the paper's main table).
+
+Variants run through the same code: ``early_stop=False`` (always spend the budget),
+``uncertainty="none"`` (reward only: sigma = 0, so the stopping test is a score margin
+``stop_margin``), ``uncertainty="proxy"`` (sigma = sqrt(mu (1 - mu)), for a standard PRM)
+and ``repair=False`` with ``n0 = budget`` (plain Best-of-N).
+
+All problems advance in lockstep, so each round is one generation call and one scoring
+call over every problem still running (large batches for vLLM, servers and the PRM).
+Candidates are scored once. Generated tokens are counted per call, prompt and kept
+prefix excluded. Each finished problem appends one JSON line to ``out``; a rerun skips
+the ids already there (each request carries a seed derived from the problem id and
+round, so a resumed run draws what an uninterrupted one would).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import BetaPRMInputError
+from .generation.base import GenerationRequest
+from .scoring import StepScores
+from .selection import METHODS, candidate_scores
+
+UNCERTAINTIES = ("learned", "proxy", "none")
+
+Scorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[StepScores]]
+"""Scores ``(question, steps)`` traces, one ``StepScores`` per trace (``PRMScorer``)."""
+
+
+def _f(default, help_text):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class ACAConfig:
+    """ACA's parameters; defaults are the paper's (appendix A.5)."""
+
+    n0: int = _f(4, "candidates sampled from scratch first")
+    m: int = _f(4, "candidates per later batch")
+    budget: int = _f(16, "candidates per problem at most (N)")
+    lam: float = _f(0.5, "lambda of S_lin = mean(mu - lambda*sigma), the score of the stopping test")
+    c_stop: float = _f(0.3, "width of the stopping test's bounds: S +- c_stop * mean(sigma)")
+    c_cut: float = _f(1.0, "cut point: the earliest step with mu - c_cut*sigma < p_bad")
+    p_bad: float = _f(0.3, "cut point threshold")
+    stop_margin: float = _f(0.0, "stop only when LCB(best) exceeds max UCB(competitors) by more than this")
+    early_stop: bool = _f(True, "stop when the best candidate is reliably ahead (False: always spend the budget)")
+    repair: bool = _f(True, "later batches continue a competitor's kept prefix (False: sample them from scratch)")
+    uncertainty: str = _f("learned", "sigma used by ACA: learned (BetaPRM), proxy (sqrt(mu(1-mu)), for a standard PRM) or none (reward only)")
+    final: str = _f("rb", "final selector: rb (S_RB), lin, mean, min, last or prod")
+    final_lam: float = _f(0.5, "lambda of the final selector")
+    final_tau: float | None = _f(None, "S_RB's sigma threshold (tune it on validation pools; required for rb)")
+    seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id and the round)")
+
+    def __post_init__(self):
+        bad = []
+        for k in ("n0", "m", "budget"):
+            if getattr(self, k) < 1:
+                bad.append(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.n0 > self.budget:
+            bad.append(f"n0 ({self.n0}) must not exceed budget ({self.budget})")
+        if self.uncertainty not in UNCERTAINTIES:
+            bad.append(f"uncertainty must be one of {', '.join(UNCERTAINTIES)}, got {self.uncertainty!r}")
+        if self.final not in METHODS:
+            bad.append(f"final must be one of {', '.join(METHODS)}, got {self.final!r}")
+        if self.final == "rb" and self.final_tau is None:
+            bad.append("final 'rb' needs final_tau (S_RB's sigma threshold, tuned on validation pools)")
+        if bad:
+            raise BetaPRMInputError("bad ACA configuration: " + "; ".join(bad))
+
+    @classmethod
+    def best_of_n(cls, **kw) -> "ACAConfig":
+        """Plain Best-of-N through the same code: all ``budget`` candidates at once."""
+        budget = kw.pop("budget", 16)
+        return cls(n0=budget, budget=budget, early_stop=False, repair=False, **kw)
+
+
+@dataclass
+class Task:
+    """One problem: ``handle`` is passed to the generator (the synthetic world's Problem)."""
+
+    id: str
+    question: str
+    answer: Any = None
+    handle: Any = None
+
+
+@dataclass
+class Candidate:
+    steps: list[str]
+    n_tokens: int
+    round: int
+    parent: int | None = None
+    cut: int | None = None
+    scores: StepScores | None = None
+    answer: Hashable | None = None
+
+
+def _sigma(s: StepScores, mode: str) -> np.ndarray:
+    if mode == "learned":
+        return s.sigma
+    if mode == "proxy":
+        return np.sqrt(s.mu * (1.0 - s.mu))
+    return np.zeros_like(s.mu)
+
+
+def _request_seed(seed: int, task_id: str, rnd: int) -> int:
+    return (zlib.crc32(f"{seed}/{task_id}/{rnd}".encode()) & 0x7FFFFFFF)
+
+
+class _State:
+    def __init__(self, task: Task, cfg: ACAConfig):
+        self.task, self.cfg = task, cfg
+        self.cands: list[Candidate] = []
+        self.rounds: list[dict] = []
+        self.tokens = 0
+        self.done = False
+        self.stop_reason = ""
+        self.next_req = GenerationRequest(task.question, [], cfg.n0, task.handle, _request_seed(cfg.seed, task.id, 0))
+        self.next_meta = (None, None)  # (parent, cut) of the next batch
+
+    def view(self) -> list[StepScores]:
+        """The pool's scores with ACA's sigma (learned, proxy or zero)."""
+        return [StepScores(c.scores.mu, c.scores.kappa, _sigma(c.scores, self.cfg.uncertainty)) for c in self.cands]
+
+    def decide(self) -> None:
+        cfg = self.cfg
+        pool = self.view()
+        S = candidate_scores(pool, "lin", cfg.lam)
+        U = np.array([p.sigma.mean() for p in pool])
+        lcb, ucb = S - cfg.c_stop * U, S + cfg.c_stop * U
+        best = int(np.argmax(S))
+        best_answer = self.cands[best].answer
+        rivals = [i for i, c in enumerate(self.cands) if i != best and (best_answer is None or c.answer != best_answer)]
+        max_ucb = float(max(ucb[rivals])) if rivals else None
+        info = {"round": len(self.rounds), "pool_size": len(self.cands), "best": best, "lcb": float(lcb[best]), "max_rival_ucb": max_ucb, "rivals": len(rivals)}
+        confident = max_ucb is None or lcb[best] - max_ucb > cfg.stop_margin
+        if cfg.early_stop and confident:
+            self._finish(info, "confident")
+            return
+        if len(self.cands) >= cfg.budget:
+            self._finish(info, "budget")
+            return
+        n = min(cfg.m, cfg.budget - len(self.cands))
+        rnd = len(self.rounds) + 1
+        seed = _request_seed(cfg.seed, self.task.id, rnd)
+        if not cfg.repair:
+            self.next_req = GenerationRequest(self.task.question, [], n, self.task.handle, seed)
+            self.next_meta = (None, None)
+            info.update(action="sample", new=n)
+        else:
+            others = rivals or [i for i in range(len(self.cands)) if i != best]
+            target = max(others, key=lambda i: (ucb[i], -i))
+            cut = self._cut(pool[target])
+            self.next_req = GenerationRequest(self.task.question, list(self.cands[target].steps[:cut]), n, self.task.handle, seed)
+            self.next_meta = (target, cut)
+            info.update(action="repair", repaired=target, cut=cut, new=n)
+        self.rounds.append(info)
+
+    def _cut(self, s: StepScores) -> int:
+        T = len(s.mu)
+        eligible = range(T - 1) if T > 1 else range(1)
+        low = [t for t in eligible if s.mu[t] - self.cfg.c_cut * s.sigma[t] < self.cfg.p_bad]
+        if low:
+            return low[0]
+        sig = s.sigma[list(eligible)]
+        return int(np.argmax(sig))
+
+    def _finish(self, info: dict, reason: str) -> None:
+        info["action"] = "stop"
+        self.rounds.append(info)
+        self.done, self.stop_reason = True, reason
+
+    def record(self, is_correct, write_candidates: bool) -> dict:
+        cfg = self.cfg
+        pool = self.view()
+        scores = candidate_scores(pool, cfg.final, cfg.final_lam, cfg.final_tau)
+        chosen = int(np.argmax(scores))
+        ans = self.cands[chosen].answer
+        rec = {
+            "id": self.task.id,
+            "question": self.task.question,
+            "answer": self.task.answer,
+            "chosen": chosen,
+            "chosen_answer": ans,
+            "correct": is_correct(self.task, ans),
+            "stop_reason": self.stop_reason,
+            "pool_size": len(self.cands),
+            "tokens": self.tokens,
+            "rounds": self.rounds,
+        }
+        if write_candidates:
+            rec["candidates"] = [
+                {"steps": c.steps, "round": c.round, "parent": c.parent, "cut": c.cut, "n_tokens": c.n_tokens, "answer": c.answer, **c.scores.to_dict()}
+                for c in self.cands
+            ]
+        return rec
+
+
+def run_aca(
+    tasks: Sequence[Task],
+    generator,
+    scorer: Scorer,
+    cfg: ACAConfig,
+    answer_of: Callable[[list[str]], Hashable | None],
+    is_correct: Callable[[Task, Hashable | None], bool | None],
+    out=None,
+    write_candidates: bool = True,
+    progress: bool = True,
+) -> list[dict]:
+    """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
+    from ``out`` when it already holds them)."""
+    from .scoring import _completed_ids
+
+    done_ids = _completed_ids(out) if out else set()
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise BetaPRMInputError("ACA tasks need unique ids")
+    todo = [_State(t, cfg) for t in tasks if t.id not in done_ids]
+    fh = open(out, "a", encoding="utf-8") if out else None
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="ACA", unit="problem")
+    fresh: dict[str, dict] = {}
+    try:
+        active = todo
+        while active:
+            comps = generator.generate([s.next_req for s in active])
+            new: list[tuple[_State, Candidate]] = []
+            for s, cs in zip(active, comps):
+                parent, cut = s.next_meta
+                prefix = list(s.next_req.prefix)
+                for c in cs:
+                    s.tokens += c.n_tokens
+                    steps = prefix + list(c.steps)
+                    cand = Candidate(steps, c.n_tokens, len(s.rounds), parent, cut, answer=answer_of(steps) if steps else None)
+                    s.cands.append(cand)
+                    new.append((s, cand))
+            scorable = [(s, c) for s, c in new if c.steps]
+            scored = scorer([(s.task.question, c.steps) for s, c in scorable]) if scorable else []
+            for (s, c), sc in zip(scorable, scored):
+                c.scores = sc
+            for s, c in new:
+                if not c.steps:  # the backend returned nothing: a candidate nobody should pick
+                    c.scores = StepScores(np.zeros(1), np.ones(1), np.zeros(1))
+            still = []
+            for s in active:
+                s.decide()
+                if s.done:
+                    rec = s.record(is_correct, write_candidates)
+                    fresh[s.task.id] = rec
+                    if fh:
+                        fh.write(json.dumps(rec) + "\n")
+                        fh.flush()
+                    if bar:
+                        bar.update(1)
+                else:
+                    still.append(s)
+            active = still
+    finally:
+        if fh:
+            fh.close()
+        if bar:
+            bar.close()
+    if not done_ids:
+        return [fresh[i] for i in ids]
+    old = {}
+    with open(out, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                old[str(r["id"])] = r
+    return [fresh.get(i) or old[i] for i in ids]
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """Accuracy (a failed answer check counts as not correct and is counted apart),
+    generated tokens in all, mean pool size and the stop reasons."""
+    correct = np.array([bool(r["correct"]) for r in records], dtype=float)
+    reasons: dict[str, int] = {}
+    for r in records:
+        reasons[r["stop_reason"]] = reasons.get(r["stop_reason"], 0) + 1
+    return {
+        "n": len(records),
+        "acc": float(correct.mean()) if len(records) else float("nan"),
+        "tokens": int(sum(r["tokens"] for r in records)),
+        "mean_pool_size": float(np.mean([r["pool_size"] for r in records])) if records else float("nan"),
+        "check_failed": int(sum(r["correct"] is None for r in records)),
+        "stop_reasons": reasons,
+    }
+
+
+def config_dict(cfg: ACAConfig) -> dict:
+    return asdict(cfg)

@@ -1,0 +1,127 @@
+"""How text backends turn a request into a prompt and generated text into steps.
+
+Two things a model backend must agree on with the PRM:
+
+- **step splitting** of generated text: ``blank-line`` (steps separated by an empty
+  line, the common "step by step" layout), ``tags`` (``<step>...</step>`` blocks and a
+  final ``<answer>...</answer>``), or ``regex`` (a user pattern that separates steps);
+- **continuation** from kept steps: ``prefill`` writes the kept steps into the assistant
+  turn and lets the model go on (chat template with ``continue_final_message``), and
+  ``restate`` writes them into a new user prompt ("previous steps: ... continue"), as
+  the paper's generator did for models without assistant prefill.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import BetaPRMInputError
+
+SPLITS = ("blank-line", "tags", "regex")
+CONTINUATIONS = ("prefill", "restate")
+
+_TAG = re.compile(r"<(step|answer)>(.*?)</\1>", re.DOTALL)
+
+
+def _f(default, help_text):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class TextFormat:
+    """Prompt layout and step splitting for text generators."""
+
+    split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
+    split_regex: str | None = _f(None, "with --split regex: the pattern between two steps, e.g. '\\n(?=Step \\d+:)'")
+    continuation: str = _f("prefill", "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)")
+    instruction: str = _f(
+        "Solve the problem step by step. Separate steps with a blank line and end with a final step 'The answer is \\boxed{ANSWER}'.",
+        "text added after the question in the user turn",
+    )
+    restate_header: str = _f("Previous steps (continue from here, do not repeat them):", "restate mode: the line before the kept steps")
+    system: str | None = _f(None, "optional system message")
+
+    def __post_init__(self):
+        problems = []
+        if self.split not in SPLITS:
+            problems.append(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if self.continuation not in CONTINUATIONS:
+            problems.append(f"continuation must be one of {', '.join(CONTINUATIONS)}, got {self.continuation!r}")
+        if self.split == "regex":
+            if not self.split_regex:
+                problems.append("split 'regex' needs split_regex (the pattern between two steps)")
+            else:
+                try:
+                    re.compile(self.split_regex)
+                except re.error as e:
+                    problems.append(f"split_regex {self.split_regex!r} is not a valid regular expression: {e}")
+        if problems:
+            raise BetaPRMInputError("bad text format: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ steps
+    def split_steps(self, text: str) -> list[str]:
+        """Generated text -> non-empty, stripped steps, in order. Nothing is dropped but
+        whitespace: text outside tags (``tags`` mode) becomes a step of its own."""
+        if self.split == "blank-line":
+            parts = re.split(r"\n[ \t]*\n", text)
+        elif self.split == "regex":
+            parts = re.split(self.split_regex, text)
+        else:
+            parts, pos = [], 0
+            for m in _TAG.finditer(text):
+                parts.append(text[pos : m.start()])
+                parts.append(m.group(2) if m.group(1) == "step" else f"<answer>{m.group(2).strip()}</answer>")
+                pos = m.end()
+            parts.append(text[pos:])
+        return [p.strip() for p in parts if p and p.strip()]
+
+    def join_steps(self, steps: list[str]) -> str:
+        """Kept steps written back in the layout the model was asked for."""
+        if self.split == "tags":
+            return "".join(s if s.startswith("<answer>") else f"<step>{s}</step>" for s in steps)
+        return "\n\n".join(steps)
+
+    # ------------------------------------------------------------------ prompts
+    def messages(self, question: str, prefix: list[str]) -> tuple[list[dict], bool]:
+        """Chat messages for continuing ``prefix``; the flag says whether the last
+        message is a prefilled assistant turn to continue."""
+        user = f"{question}\n\n{self.instruction}".strip() if self.instruction else question
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        if not prefix:
+            return msgs + [{"role": "user", "content": user}], False
+        kept = self.join_steps(prefix)
+        if self.continuation == "restate":
+            return msgs + [{"role": "user", "content": f"{user}\n\n{self.restate_header}\n{kept}"}], False
+        # A trailing separator makes the model start a new step, not extend the last one.
+        sep = "" if self.split == "tags" else "\n\n"
+        return msgs + [{"role": "user", "content": user}, {"role": "assistant", "content": kept + sep}], True
+
+    def prompt_text(self, question: str, prefix: list[str], tokenizer=None) -> str:
+        """A plain-text prompt: the tokenizer's chat template when it has one, else
+        ``question`` / instruction / kept steps separated by blank lines."""
+        msgs, prefilled = self.messages(question, prefix)
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not prefilled, continue_final_message=prefilled)
+        return "\n\n".join(m["content"].rstrip("\n") for m in msgs) + "\n\n"
+
+
+@dataclass
+class Sampling:
+    """Decoding settings shared by the model backends (defaults: the paper's, appendix A.5)."""
+
+    temperature: float = _f(0.7, "sampling temperature")
+    top_p: float = _f(0.9, "nucleus sampling")
+    top_k: int = _f(30, "top-k sampling (-1 or 0: off)")
+    max_new_tokens: int = _f(2048, "generated tokens per completion at most")
+
+    def __post_init__(self):
+        problems = []
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if problems:
+            raise BetaPRMInputError("bad sampling settings: " + "; ".join(problems))
