@@ -90,7 +90,7 @@ class ACAConfig:
             raise BetaPRMInputError("bad ACA configuration: " + "; ".join(bad))
 
     @classmethod
-    def best_of_n(cls, **kw) -> "ACAConfig":
+    def best_of_n(cls, **kw) -> ACAConfig:
         """Plain Best-of-N through the same code: all ``budget`` candidates at once."""
         budget = kw.pop("budget", 16)
         return cls(n0=budget, budget=budget, early_stop=False, repair=False, **kw)

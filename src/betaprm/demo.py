@@ -55,6 +55,8 @@ class DemoConfig:
     head_lr_multiplier: float = _f(1.0, "kappa head learning rate / prm_lr (the paper's 10x, at lr 1e-5 on 8B models, let this tiny model's kappa path swamp the mu path at lr 1e-3)")
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
+    kappa_detach: bool = _f(True, "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)")
+    aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     backbone: str | None = _f(None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining")
 
@@ -65,7 +67,7 @@ class DemoConfig:
         if bad:
             raise BetaPRMInputError("bad demo configuration: " + "; ".join(bad))
 
-    def effective(self) -> "DemoConfig":
+    def effective(self) -> DemoConfig:
         if not self.quick:
             return self
         return replace(self, n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3)
@@ -231,6 +233,57 @@ def _table(rows, headers):
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
 
 
+def _aca(world, test_p, test_pools, hits, models, tuned, tokenizer, seed, n_candidates):
+    """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
+    pools, S_RB) against ACA and its ablations, each with accuracy, CI and tokens."""
+    from .aca import ACAConfig, run_aca
+    from .evaluation.metrics import bootstrap_ci
+    from .scoring import PRMScorer
+    from .selection import candidate_scores
+    from .synth import SynthPolicy, synth_answer, synth_is_correct, synth_tasks
+
+    def count(text):
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    tasks = synth_tasks(test_p)
+    rb = dict(final="rb", final_lam=tuned["rb"].lam, final_tau=tuned["rb"].tau, seed=seed)
+    # BetaPRM's ACA with S_RB as the final choice (the paper's main table); the standard
+    # PRM's variants rank with S_lin of their own sigma (the paper's ablation).
+    variants = {
+        "aca": ("betaprm", ACAConfig(**rb)),
+        "aca_no_early_stop": ("betaprm", ACAConfig(early_stop=False, **rb)),
+        "aca_reward_only": ("standard_prm", ACAConfig(uncertainty="none", final="lin", seed=seed)),
+        "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
+    }
+    pool_tokens = [[sum(count(st) for st in t.steps) for t in p.traces] for p in test_pools]
+    vanilla = hits["betaprm_rb"]
+    table = {"vanilla_bon": {"acc": float(vanilla.mean()), "ci": list(bootstrap_ci(vanilla, seed=seed)), "tokens": int(sum(map(sum, pool_tokens)))}}
+    points = {}
+    for name, (model, acfg) in variants.items():
+        policy = SynthPolicy(world, seed=seed * 7919 + 21, count_tokens=count)
+        recs = run_aca(tasks, policy, PRMScorer(models[model], 64), acfg, synth_answer, synth_is_correct, progress=False)
+        hit = np.array([float(r["correct"]) for r in recs])
+        tokens = int(sum(r["tokens"] for r in recs))
+        reasons: dict = {}
+        for r in recs:
+            reasons[r["stop_reason"]] = reasons.get(r["stop_reason"], 0) + 1
+        table[name] = {"acc": float(hit.mean()), "ci": list(bootstrap_ci(hit, seed=seed)), "tokens": tokens,
+                       "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"], "mean_pool_size": float(np.mean([r["pool_size"] for r in recs])),
+                       "stop_reasons": reasons}
+        if name == "aca":  # the same pools, final choice by S_lin (the ablation's shared rule)
+            lin = [float(r["candidates"][int(np.argmax(candidate_scores([_scores(c) for c in r["candidates"]], "lin", 0.5)))]["answer"] == r["answer"]) for r in recs]
+            table["aca_lin"] = {"acc": float(np.mean(lin)), "ci": list(bootstrap_ci(np.array(lin), seed=seed)), "tokens": tokens, "token_reduction": table[name]["token_reduction"]}
+        points[name.replace("_", " ")] = (tokens, table[name]["acc"])
+    table["bon_curve"] = {"n": list(range(1, n_candidates + 1)), "tokens": [int(sum(sum(t[:n]) for t in pool_tokens)) for n in range(1, n_candidates + 1)]}
+    return table, points
+
+
+def _scores(c):
+    from .scoring import StepScores
+
+    return StepScores(c["mu"], c["kappa"], c["sigma"])
+
+
 def run_demo(cfg: DemoConfig, log=print) -> dict:
     import torch
 
@@ -312,7 +365,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
                          learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
                          logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=True,
-                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier)
+                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
+                         kappa_detach=eff.kappa_detach and objective == "beta-binomial")
         prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True)
         models[name] = prm.eval()
         histories[name] = trainer.state.log_history
@@ -363,8 +417,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         "tuned": {"rb": {"lambda": tuned["rb"].lam, "q": tuned["rb"].q, "tau": tuned["rb"].tau, "val_acc": tuned["rb"].val_accuracy},
                   "lin": {"lambda": tuned["lin"].lam, "val_acc": tuned["lin"].val_accuracy}, "reliability_vote_lambda": tuned["rel_vote_lam"]},
         "verification": verification, "calibration": calibration,
-        "seconds": round(time.perf_counter() - t_start, 1),
     }
+    if eff.aca:
+        t0 = time.perf_counter()
+        results["aca"], aca_points = _aca(world, test_p, test_pools, hits, models, tuned, tokenizer, cfg.seed, eff.n_candidates)
+        log(f"ACA: 4 variants on {len(test_p)} test problems ({time.perf_counter() - t0:.0f}s)")
+    results["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
     # plots
@@ -375,9 +433,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     plots.kappa_vs_bayes(arrays["betaprm"][2], np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e3), out / "kappa_vs_bayes.png")
     ns = list(range(1, eff.n_candidates + 1))
     plots.best_of_n_curves({k: (ns, curves[k]) for k in ("majority_vote", "standard_prm_mean", "betaprm_rb", "betaprm_vote", "bayes_vote", "oracle")}, out / "best_of_n.png")
+    if eff.aca:
+        plots.best_of_n_curves({"Best-of-n, BetaPRM S_RB": (results["aca"]["bon_curve"]["tokens"], curves["betaprm_rb"])}, out / "aca_tokens.png",
+                               points=aca_points, xlabel="generated tokens (all test problems)")
 
     log("\n" + format_results(results))
-    log(f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n .png) in {results['seconds']:.0f}s")
+    log(f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s")
     return results
 
 
@@ -415,4 +476,16 @@ def format_results(r: dict) -> str:
         ["90% interval mean width (Bayes)", "-", f"{cb['width90']:.3f} ({cb['bayes_width90']:.3f})"],
     ]
     parts.append(_table(rows, ["metric", "standard PRM", "BetaPRM"]))
+    if "aca" in r:
+        a = r["aca"]
+        names = {"vanilla_bon": f"vanilla Best-of-{n} (BetaPRM S_RB)", "aca": "ACA (BetaPRM, S_RB)", "aca_lin": "ACA (BetaPRM, final S_lin)",
+                 "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)", "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
+                 "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))"}
+        base = a["vanilla_bon"]["tokens"]
+        rows = [[names[k], f"{a[k]['acc']:.3f}", f"[{a[k]['ci'][0]:.3f}, {a[k]['ci'][1]:.3f}]", f"{a[k]['tokens']}",
+                 "-" if k == "vanilla_bon" else f"{1 - a[k]['tokens'] / base:+.1%}".replace("+", "-", 1) if a[k]["tokens"] <= base else f"+{a[k]['tokens'] / base - 1:.1%}",
+                 "-" if k == "vanilla_bon" else f"{a[k]['mean_pool_size']:.1f}" if "mean_pool_size" in a[k] else ""]
+                for k in names if k in a]
+        parts.append(f"\nAdaptive Computation Allocation, budget {n}, {r['effective_config']['n_test_problems']} test problems (tokens: generated, all problems)")
+        parts.append(_table(rows, ["method", "accuracy", "95% CI", "tokens", "vs vanilla", "mean pool"]))
     return "\n".join(parts)

@@ -171,7 +171,7 @@ class BetaPRM(nn.Module):
         marker_repeat: int = 1,
         trust_remote_code: bool = False,
         dtype=None,
-    ) -> "BetaPRM":
+    ) -> BetaPRM:
         """Wrap a causal LM (an instance, or a local directory / hub id) as a BetaPRM.
 
         Adds ``marker`` as a special token when the tokenizer lacks it (new embedding
@@ -315,7 +315,7 @@ class BetaPRM(nn.Module):
         (path / CONFIG_NAME).write_text(self.config.to_json_string())
 
     @classmethod
-    def from_pretrained(cls, directory, *, trust_remote_code: bool = False, dtype=None, device=None) -> "BetaPRM":
+    def from_pretrained(cls, directory, *, trust_remote_code: bool = False, dtype=None, device=None) -> BetaPRM:
         """Load a directory written by ``save_pretrained``."""
         import transformers
         from safetensors.torch import load_file

@@ -16,7 +16,7 @@ import torch
 
 from .formatting import encode_traces
 
-__all__ = ["PRMScorer", "StepScores", "score_traces", "score_token_ids"]
+__all__ = ["PRMScorer", "StepScores", "score_token_ids", "score_traces"]
 
 
 @dataclass
@@ -37,7 +37,7 @@ class StepScores:
             raise ValueError(f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}")
 
     @classmethod
-    def from_mu_kappa(cls, mu, kappa) -> "StepScores":
+    def from_mu_kappa(cls, mu, kappa) -> StepScores:
         return cls(mu, kappa, None)
 
     def __len__(self) -> int:
@@ -179,8 +179,7 @@ def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error
                 lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
             # One write per record: a kill leaves at most one partial line, which the
             # next run removes.
-            for line in lines:
-                out.write(line)
+            out.writelines(lines)
             out.flush()
             stats["scored"] += len(pools)
             stats["candidates"] += n

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["train_bytelevel_tokenizer", "tiny_causal_lm"]
+__all__ = ["tiny_causal_lm", "train_bytelevel_tokenizer"]
 
 
 def train_bytelevel_tokenizer(texts: Iterable[str], vocab_size: int = 512, extra_tokens=("Yes", "No")):
@@ -54,7 +54,12 @@ def tiny_causal_lm(
 ):
     """A random-init ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` built from a config."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     common = dict(
         vocab_size=vocab_size,

@@ -7,9 +7,9 @@ import sys
 
 from ..errors import BetaPRMInputError
 from ..generation.base import GenerationError
-from . import aca, convert, demo, score, train, validate
+from . import aca, convert, demo, label, score, train, validate
 
-COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert, "aca": aca}
+COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert, "label": label, "aca": aca}
 
 
 def build_parser() -> argparse.ArgumentParser:

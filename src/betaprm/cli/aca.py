@@ -133,7 +133,13 @@ def run(args):
     scorer = PRMScorer(prm, cfg.batch_size)
     final_lam, final_tau = cfg.final_lam, cfg.final_tau
     if cfg.problems is None:
-        from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
+        from ..synth import (
+            World,
+            WorldConfig,
+            synth_answer,
+            synth_is_correct,
+            synth_tasks,
+        )
 
         world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else World().cfg)
         s = cfg.seed * 7919  # the demo's split seeds

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..errors import BetaPRMInputError
 from .text import Sampling, TextFormat
 
 BACKENDS = ("synth", "transformers", "openai", "vllm")
@@ -29,6 +28,7 @@ class BackendOptions:
     split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps")
     continuation: str = _f("prefill", "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)")
+    instruction: str = _f(TextFormat.instruction, "text after the question in the user turn (ask for the step layout --split expects)")
     temperature: float = _f(0.7, "sampling temperature")
     top_p: float = _f(0.9, "nucleus sampling")
     top_k: int = _f(30, "top-k sampling (0: off)")
@@ -52,7 +52,7 @@ def build_generator(opts: BackendOptions, world=None, count_tokens=None, seed: i
         from ..synth import SynthPolicy, World
 
         return SynthPolicy(world or World(), seed=seed, count_tokens=count_tokens)
-    fmt = TextFormat(split=opts.split, split_regex=opts.split_regex, continuation=opts.continuation)
+    fmt = TextFormat(split=opts.split, split_regex=opts.split_regex, continuation=opts.continuation, instruction=opts.instruction)
     sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, max_new_tokens=opts.max_new_tokens)
     if opts.backend == "transformers":
         from .hf import TransformersGenerator

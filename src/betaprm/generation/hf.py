@@ -30,7 +30,7 @@ class TransformersGenerator:
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def from_pretrained(cls, path: str, fmt: TextFormat | None = None, sampling: Sampling | None = None, device: str | None = None, dtype: str = "auto", **kwargs) -> "TransformersGenerator":
+    def from_pretrained(cls, path: str, fmt: TextFormat | None = None, sampling: Sampling | None = None, device: str | None = None, dtype: str = "auto", **kwargs) -> TransformersGenerator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path)

@@ -92,7 +92,7 @@ class OpenAIGenerator:
                     last = f"HTTP {e.code}: {detail}"
                     continue
                 raise GenerationError(f"{url} refused the request with HTTP {e.code}: {detail} (check --model-name and the sampling settings)") from None
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 last = f"no answer within {self.timeout:g} s"
                 continue
             except urllib.error.URLError as e:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Completion, GenerationRequest
-from .base import GenerationError
+from .base import Completion, GenerationError, GenerationRequest
 from .text import Sampling, TextFormat
 
 
 def _require_vllm():
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError:
         raise GenerationError(
             "the vllm backend needs the vllm package, which is not installed here "

@@ -75,11 +75,12 @@ def synth_tasks(problems: Sequence[Problem]) -> list:
 
 def synth_answer(steps: Sequence[str]) -> int | None:
     """The value a chain-arithmetic trace ends with (None when the last step has none)."""
+    from ..errors import BetaPRMInputError
     from .world import parse_value
 
     try:
         return parse_value(steps[-1])
-    except Exception:
+    except (BetaPRMInputError, IndexError):
         return None
 
 

@@ -1,0 +1,136 @@
+"""betaprm label"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..generation.factory import BackendOptions
+
+HELP = "make Monte Carlo counts (K of N per step) for traces of any domain with reference answers"
+DESCRIPTION = """Label reasoning traces with Monte Carlo counts, so BetaPRM can be trained where
+no count data exists.
+
+Input (--input): JSONL with id, question, answer and either steps (one trace) or
+candidates (a list of {"steps": [...]}; candidate j becomes record ID/j). For every step,
+--n continuations are sampled from the prefix ending there (--backend transformers,
+openai or vllm), their final answers checked against the reference with math-verify;
+K_t counts the correct ones. A check that fails (math-verify error or timeout) is kept in
+mc_failed and left out of N_t, never counted as wrong. Output: training records
+(design.md section 5), appended per trace; rerunning resumes.
+
+--backend synth (no --input) labels traces of the chain-arithmetic world instead:
+--n-problems problems, --traces-per-problem traces each, checked exactly."""
+
+
+def _f(default, help_text):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class LabelConfig(BackendOptions):
+    input: str | None = _f(None, "JSONL traces to label (id, question, answer, steps or candidates)")
+    out: str = _f("", "JSONL training records (appended; a rerun resumes)")
+    failed: str | None = _f(None, "where traces whose answer checks all failed go (default: OUT.failed.jsonl)")
+    n: int = _f(16, "continuations per step (N)")
+    seed: int = _f(0, "sampling seed")
+    chunk: int = _f(8, "traces per generation call")
+    check_timeout: float = _f(10.0, "seconds one answer check may take before it counts as failed")
+    n_problems: int = _f(100, "synth: chain-arithmetic problems to sample")
+    traces_per_problem: int = _f(2, "synth: policy traces per problem")
+    world_config: str | None = _f(None, "synth: chain-arithmetic world settings (JSON)")
+
+    def __post_init__(self):
+        from ..errors import BetaPRMInputError
+
+        bad = self._check_backend()
+        if not self.out:
+            bad.append("--out is required (the JSONL file of labelled records)")
+        if self.n < 1:
+            bad.append(f"--n must be >= 1, got {self.n}")
+        if self.backend == "synth" and self.input:
+            bad.append("--backend synth labels chain-arithmetic traces it samples itself; give --backend transformers/openai/vllm for --input")
+        if self.backend != "synth" and not self.input:
+            bad.append(f"--backend {self.backend} needs --input (the traces to label)")
+        if bad:
+            raise BetaPRMInputError("bad label configuration:\n  " + "\n  ".join(bad))
+
+
+def add_arguments(parser):
+    from ._config import add_config_args
+
+    add_config_args(parser, LabelConfig)
+
+
+def read_traces(path: str) -> list:
+    from ..errors import BetaPRMInputError
+    from ..label import LabelItem
+
+    items, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise BetaPRMInputError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            where = f"{path}:{i}"
+            for k in ("id", "question", "answer"):
+                if r.get(k) in (None, ""):
+                    raise BetaPRMInputError(f"{where}: field {k!r} is missing or empty; each line needs id, question, answer and steps or candidates")
+            if "steps" in r:
+                traces = [(str(r["id"]), r["steps"])]
+            elif isinstance(r.get("candidates"), list):
+                traces = [(f"{r['id']}/{j}", (c or {}).get("steps")) for j, c in enumerate(r["candidates"])]
+            else:
+                raise BetaPRMInputError(f"{where}: neither 'steps' nor 'candidates' is present")
+            for tid, steps in traces:
+                if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+                    raise BetaPRMInputError(f"{where}: trace {tid!r}: steps must be a non-empty list of non-empty strings")
+                if tid in seen:
+                    raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")
+                seen.add(tid)
+                items.append(LabelItem(tid, str(r["question"]), list(steps), str(r["answer"]), source=r.get("source")))
+    return items
+
+
+def run(args):
+    from pathlib import Path
+
+    from ..generation.factory import build_generator
+    from ..label import LabelItem, label_traces
+    from ._config import config_from_args
+
+    cfg = config_from_args(LabelConfig, args)
+    failed = cfg.failed or str(Path(cfg.out).with_suffix("")) + ".failed.jsonl"
+    if cfg.backend == "synth":
+        from ..synth import SynthPolicy, World, WorldConfig, synth_answer
+
+        world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig())
+        sampler = SynthPolicy(world, seed=cfg.seed + 1)
+        items = [LabelItem(f"{p.id}/{j}", p.question, t.steps, p.answer, p)
+                 for p in world.sample_problems(cfg.n_problems, cfg.seed, "label") for j, t in enumerate(sampler.sample_traces(p, cfg.traces_per_problem))]
+        generator = build_generator(cfg, world, seed=cfg.seed)
+        answer_of = synth_answer
+
+        def check_many(pairs):
+            return [a is not None and int(a) == int(it.handle.answer) for it, a in pairs]
+    else:
+        from ..answers import AnswerChecker, final_answer
+
+        items = read_traces(cfg.input)
+        generator = build_generator(cfg, seed=cfg.seed)
+        checker = AnswerChecker(timeout=cfg.check_timeout)
+        answer_of = final_answer
+
+        def check_many(pairs):
+            return checker.check_many([(it.answer, a) for it, a in pairs])
+    s = label_traces(items, generator, cfg.n, answer_of, check_many, cfg.out, failed, seed=cfg.seed, chunk=cfg.chunk)
+    msg = f"{s['traces']} traces: {s['already_done']} already done, {s['labelled']} labelled into {cfg.out}, {s['tokens']} tokens generated"
+    if s["failed_checks"]:
+        msg += f"; {s['failed_checks']} answer checks failed (kept in mc_failed, left out of N)"
+    if s["failed_traces"]:
+        msg += f"; {s['failed_traces']} traces had no checkable count and went to {failed}"
+    print(msg)
+    return 0

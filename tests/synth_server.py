@@ -1,0 +1,69 @@
+"""A real OpenAI-compatible HTTP server on 127.0.0.1 with the chain-arithmetic policy
+behind it (for the generation, ACA and labelling tests)."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from betaprm.generation import GenerationRequest
+from betaprm.synth import SynthPolicy, World
+
+
+class SynthServer:
+    """A real HTTP server speaking the OpenAI chat/completions API with the
+    chain-arithmetic policy behind it. ``mode``: ok, fail-twice (HTTP 500 twice, then
+    ok), stall (sleeps past the client's timeout), garbage (not JSON), reject (HTTP 400)."""
+
+    def __init__(self, problems, mode="ok"):
+        self.world = World()
+        self.policy = SynthPolicy(self.world, seed=0)
+        self.by_question = {p.question: p for p in problems}
+        self.mode = mode
+        self.calls = 0
+        self.bodies = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.calls += 1
+                server.bodies.append(body)
+                if server.mode == "stall":
+                    time.sleep(1.5)
+                if server.mode == "fail-twice" and server.calls <= 2:
+                    return self._send(500, b'{"error": "overloaded"}')
+                if server.mode == "garbage":
+                    return self._send(200, b"<html>proxy error</html>")
+                if server.mode == "reject":
+                    return self._send(400, b'{"error": "model not found"}')
+                msgs = body["messages"]
+                question = msgs[0]["content"].split("\n\n")[0]  # the instruction follows a blank line
+                prefix = msgs[1]["content"].split("\n\n") if len(msgs) > 1 else []
+                prefix = [s for s in prefix if s]
+                (comps,) = server.policy.generate([GenerationRequest(question, prefix, 1, server.by_question[question], body.get("seed"))])
+                c = comps[0]
+                ans = {"choices": [{"message": {"role": "assistant", "content": "\n\n".join(c.steps)}}], "usage": {"completion_tokens": c.n_tokens}}
+                self._send(200, json.dumps(ans).encode())
+
+            def _send(self, code, data):
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

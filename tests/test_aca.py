@@ -1,0 +1,238 @@
+"""The ACA controller: its rules checked by hand on small pools, its accounting and
+invariants on the chain-arithmetic world (the real policy, and the exact Bayes belief as
+a real, cheap Scorer), the variants, and a killed `betaprm aca` process resuming."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from betaprm.aca import ACAConfig, Candidate, Task, _State, run_aca, summarize
+from betaprm.errors import BetaPRMInputError
+from betaprm.generation import GenerationRequest
+from betaprm.scoring import StepScores
+from betaprm.synth import (
+    SynthPolicy,
+    World,
+    synth_answer,
+    synth_is_correct,
+    synth_tasks,
+)
+
+
+class BayesScorer:
+    """Scores chain-arithmetic traces with the exact Bayes belief: mu = posterior mean of
+    q_t, kappa = the moment-matched kappa*. Counts the traces it is asked to score."""
+
+    def __init__(self, world, problems):
+        self.world = world
+        self.by_q = {p.question: p for p in problems}
+        self.n_scored = 0
+
+    def __call__(self, traces):
+        out = []
+        for q, steps in traces:
+            p = self.by_q[q]
+            m, v = self.world.bayes_belief(p, self.world.values_of(p, steps))
+            m = np.clip(m, 1e-4, 1 - 1e-4)
+            k = np.clip(m * (1 - m) / np.maximum(v, 1e-9) - 1, 1e-3, 1e6)
+            out.append(StepScores.from_mu_kappa(m, k))
+        self.n_scored += len(traces)
+        return out
+
+
+def _state(cands, **kw):
+    """An ACA state holding hand-made candidates: (answer, mu list, sigma list)."""
+    cfg = ACAConfig(final="lin", **kw)
+    s = _State(Task("t", "q"), cfg)
+    for i, (ans, mu, sig) in enumerate(cands):
+        s.cands.append(Candidate([f"s{j}" for j in range(len(mu))], 1, 0, answer=ans, scores=StepScores(np.array(mu, float), np.ones(len(mu)), np.array(sig, float))))
+    return s
+
+
+# ---------------------------------------------------------------- the rules, by hand
+
+
+def test_stops_when_best_is_reliably_ahead():
+    # S = mean(mu - 0.5 sigma); U = mean(sigma). Best: S = 0.9 - 0.025 = 0.875, LCB = 0.875 - 0.015 = 0.86.
+    # Rival: S = 0.5 - 0.05 = 0.45, UCB = 0.45 + 0.03 = 0.48 < 0.86 -> stop.
+    s = _state([(1, [0.9, 0.9], [0.05, 0.05]), (2, [0.5, 0.5], [0.1, 0.1])])
+    s.decide()
+    assert s.done and s.stop_reason == "confident"
+    assert s.rounds[-1]["lcb"] == pytest.approx(0.86) and s.rounds[-1]["max_rival_ucb"] == pytest.approx(0.48)
+
+
+def test_repairs_the_highest_ucb_rival_at_the_earliest_bad_step():
+    # Best (answer 1): S = 0.8 - 0.5*0.3 = 0.65, LCB = 0.65 - 0.09 = 0.56.
+    # Rival A (answer 2): mu (0.9, 0.25, 0.9), sigma 0.3 -> S = 0.533, UCB = 0.623 > 0.56: no stop.
+    # Rival B (answer 3): S = 0.4 - 0.05 = 0.35, UCB 0.38. Target: A (highest UCB).
+    # Cut: earliest step with mu - 1.0*sigma < 0.3 among non-final steps: step 0 has 0.6, step 1 has -0.05 -> 1.
+    s = _state([(1, [0.8, 0.8, 0.8], [0.3] * 3), (2, [0.9, 0.25, 0.9], [0.3] * 3), (3, [0.4, 0.4, 0.4], [0.1] * 3)])
+    s.decide()
+    assert not s.done
+    r = s.rounds[-1]
+    assert (r["action"], r["repaired"], r["cut"], r["new"]) == ("repair", 1, 1, 4)
+    assert s.next_req.prefix == ["s0"] and s.next_req.n == 4
+
+
+def test_cut_falls_back_to_the_largest_sigma_and_never_the_answer_step():
+    # No step below p_bad: the non-final step with the largest sigma (step 1), not the last step (sigma 0.4).
+    s = _state([(1, [0.95] * 3, [0.3] * 3), (2, [0.9, 0.9, 0.9], [0.1, 0.2, 0.4])])
+    s.decide()
+    assert s.rounds[-1]["repaired"] == 1 and s.rounds[-1]["cut"] == 1
+
+
+def test_same_answer_candidates_are_not_rivals():
+    # Identical scores: without the answer rule the best could never beat its twin.
+    s = _state([(7, [0.6, 0.6], [0.2, 0.2])] * 4)
+    s.decide()
+    assert s.done and s.stop_reason == "confident" and s.rounds[-1]["rivals"] == 0
+
+
+def test_budget_and_no_early_stop():
+    s = _state([(1, [0.9], [0.01]), (2, [0.1], [0.01])], early_stop=False, budget=4, n0=2, m=4)
+    s.decide()
+    assert not s.done and s.next_req.n == 2  # the batch is cut to what the budget leaves
+    s2 = _state([(1, [0.9], [0.01])] * 4, early_stop=False, budget=4, n0=4)
+    s2.decide()
+    assert s2.done and s2.stop_reason == "budget"
+
+
+def test_uncertainty_variants():
+    cands = [(1, [0.8, 0.8], [0.3, 0.3]), (2, [0.7, 0.7], [0.3, 0.3])]
+    learned = _state(cands)
+    learned.decide()
+    assert not learned.done  # 0.65 - 0.09 = 0.56 < 0.55 + 0.09
+    none = _state(cands, uncertainty="none")
+    none.decide()  # sigma = 0: a plain score margin, 0.8 > 0.7
+    assert none.done and none.rounds[-1]["lcb"] == pytest.approx(0.8)
+    margin = _state(cands, uncertainty="none", stop_margin=0.2)
+    margin.decide()
+    assert not margin.done
+    proxy = _state(cands, uncertainty="proxy")  # sigma = sqrt(mu (1 - mu)) = 0.4 and 0.458
+    proxy.decide()
+    assert proxy.rounds[-1]["lcb"] == pytest.approx(0.8 - 0.5 * 0.4 - 0.3 * 0.4)
+
+
+def test_bad_config_collects_all_problems():
+    with pytest.raises(BetaPRMInputError, match=r"n0 \(20\) must not exceed budget.*uncertainty must be one of.*final 'rb' needs final_tau"):
+        ACAConfig(n0=20, uncertainty="maybe")
+
+
+# ---------------------------------------------------------------- on the world
+
+
+@pytest.fixture(scope="module")
+def world_setup():
+    world = World()
+    problems = world.sample_problems(60, seed=11, prefix="t")
+    return world, problems
+
+
+def _run(world, problems, cfg, out=None, scorer=None):
+    scorer = scorer or BayesScorer(world, problems)
+    gen = SynthPolicy(world, seed=0)
+    return run_aca(synth_tasks(problems), gen, scorer, cfg, synth_answer, synth_is_correct, out=out, progress=False), scorer
+
+
+def test_aca_accounting_on_the_world(world_setup):
+    world, problems = world_setup
+    recs, scorer = _run(world, problems, ACAConfig(final="lin"))
+    assert [r["id"] for r in recs] == [p.id for p in problems]
+    by_id = {p.id: p for p in problems}
+    n_cands = 0
+    for r in recs:
+        cands = r["candidates"]
+        n_cands += len(cands)
+        assert r["pool_size"] == len(cands) <= 16 and len(cands) in (4, 8, 12, 16)
+        # Tokens: every generated step's words (the synth policy's count), prefixes excluded.
+        assert r["tokens"] == sum(c["n_tokens"] for c in cands)
+        for c in cands:
+            if c["parent"] is None:
+                assert c["cut"] is None and c["round"] == 0 or c["cut"] is None
+            else:
+                parent = cands[c["parent"]]
+                assert c["steps"][: c["cut"]] == parent["steps"][: c["cut"]]
+                assert c["n_tokens"] == sum(len(s.split()) for s in c["steps"][c["cut"] :])
+            assert len(c["steps"]) == by_id[r["id"]].T + 1
+        assert r["correct"] == (cands[r["chosen"]]["answer"] == by_id[r["id"]].answer)
+        assert r["rounds"][-1]["action"] == "stop" and r["stop_reason"] in ("confident", "budget")
+    # Every candidate scored exactly once.
+    assert scorer.n_scored == n_cands
+    s = summarize(recs)
+    assert s["n"] == 60 and s["tokens"] == sum(r["tokens"] for r in recs)
+
+
+def test_best_of_n_variant_is_one_round_of_n(world_setup):
+    world, problems = world_setup
+    recs, _ = _run(world, problems[:10], ACAConfig.best_of_n(final="lin"))
+    assert all(r["pool_size"] == 16 and len(r["rounds"]) == 1 and r["stop_reason"] == "budget" for r in recs)
+    assert all(c["parent"] is None for r in recs for c in r["candidates"])
+
+
+def test_aca_with_the_exact_belief_saves_tokens_without_losing_accuracy(world_setup):
+    """With the Bayes belief as the scorer (what a perfect BetaPRM would report), ACA must
+    spend fewer tokens than Best-of-16 at comparable accuracy."""
+    world, problems = world_setup
+    aca, _ = _run(world, problems, ACAConfig(final="lin"))
+    bon, _ = _run(world, problems, ACAConfig.best_of_n(final="lin"))
+    a, b = summarize(aca), summarize(bon)
+    assert a["tokens"] < 0.8 * b["tokens"]
+    assert a["acc"] >= b["acc"] - 0.1
+
+
+def test_batched_equals_one_by_one(world_setup):
+    """Lockstep over many problems gives the records that running each alone gives."""
+    world, problems = world_setup
+    together, _ = _run(world, problems[:12], ACAConfig(final="lin"))
+    alone = [_run(world, [p], ACAConfig(final="lin"))[0][0] for p in problems[:12]]
+    assert together == alone
+
+
+# ---------------------------------------------------------------- kill and resume
+
+
+@pytest.mark.slow
+def test_killed_aca_process_resumes_without_loss_or_duplicates(tmp_path):
+    """SIGKILL a real `betaprm aca` run mid-way; the rerun ends with every problem once,
+    and the records equal an uninterrupted run's."""
+    from betaprm.model import BetaPRM
+    from tests.helpers import make_lm_dir
+
+    lm = make_lm_dir(tmp_path / "lm")
+    BetaPRM.from_backbone(str(lm)).save_pretrained(tmp_path / "prm")
+    base = [sys.executable, "-m", "betaprm", "aca", "--model", str(tmp_path / "prm"), "--n-problems", "300", "--final", "lin", "--batch-size", "32"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    full = tmp_path / "full.jsonl"
+    subprocess.run(base + ["--out", str(full)], check=True, env=env, capture_output=True)
+    part = tmp_path / "part.jsonl"
+    proc = subprocess.Popen(base + ["--out", str(part)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not part.exists() or part.stat().st_size == 0):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_before = sum(1 for line in part.read_bytes().split(b"\n") if line.strip())
+    assert proc.returncode == -signal.SIGKILL and 0 < n_before < 300, f"the kill should land mid-run, found {n_before} records"
+    subprocess.run(base + ["--out", str(part)], check=True, env=env, capture_output=True)
+    got = [json.loads(line) for line in part.read_text().splitlines()]
+    want = {r["id"]: r for r in map(json.loads, full.read_text().splitlines())}
+    assert sorted(r["id"] for r in got) == sorted(want) and len(got) == 300
+    for r in got:
+        w = want[r["id"]]
+        assert (r["chosen"], r["tokens"], r["pool_size"], r["stop_reason"]) == (w["chosen"], w["tokens"], w["pool_size"], w["stop_reason"])
+        assert [c["steps"] for c in r["candidates"]] == [c["steps"] for c in w["candidates"]]
+
+
+def test_request_seeds_make_runs_reproducible(world_setup):
+    world, problems = world_setup
+    a, _ = _run(world, problems[:5], ACAConfig(final="lin", seed=3))
+    b, _ = _run(world, problems[:5], ACAConfig(final="lin", seed=3))
+    c, _ = _run(world, problems[:5], ACAConfig(final="lin", seed=4))
+    assert a == b and a != c
+    assert GenerationRequest("q").seed is None
