@@ -1,0 +1,101 @@
+"""betaprm eval-steps"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HELP = "step-level error detection on VisualProcessBench-format data (F1, threshold tuned on a validation part)"
+DESCRIPTION = """Step-level error detection, the protocol of the paper's appendix A.4.
+
+--data: VisualProcessBench JSONL (question, response.steps, response.process_correctness with
+1 correct / 0 neutral / -1 incorrect, data_source, optional image). Neutral steps are ignored.
+Step score: mu - 0.5*sigma for a BetaPRM, mu for a standard PRM or a plain causal LM scored
+zero-shot (the Yes/No logits at each marker; the "Base (w/o training)" row). One threshold is
+swept on --val-fraction of the problems (split by problem) and applied to the rest. Prints the
+overall micro-F1 and the per-source macro-F1; --out writes them as JSON."""
+
+
+def _f(default, help_text):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class EvalStepsConfig:
+    model: str = _f("", "a BetaPRM directory, or a plain causal-LM directory (scored zero-shot)")
+    data: str = _f("", "VisualProcessBench-format JSONL")
+    out: str | None = _f(None, "write overall_f1, per_source, threshold and step counts here (JSON)")
+    score: str = _f("auto", "step score: auto (mu - lam*sigma for a beta-binomial model, else mu), mu, or mu-sigma")
+    lam: float = _f(0.5, "lambda of mu - lambda*sigma")
+    val_fraction: float = _f(0.2, "fraction of problems used to choose the threshold")
+    seed: int = _f(0, "seed of the problem split")
+    batch_size: int = _f(16, "traces per forward pass")
+    device: str = _f("auto", "auto, cpu, cuda, ...")
+    ignore_images: bool = _f(False, "score records that have images as text only (for a text-only model)")
+    trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
+
+    def __post_init__(self):
+        from ..errors import BetaPRMInputError
+
+        bad = [f"--{k} is required" for k in ("model", "data") if not getattr(self, k)]
+        if self.score not in ("auto", "mu", "mu-sigma"):
+            bad.append(f"--score must be auto, mu or mu-sigma, got {self.score!r}")
+        if not 0 < self.val_fraction < 1:
+            bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        if bad:
+            raise BetaPRMInputError("bad eval-steps configuration: " + "; ".join(bad))
+
+
+def add_arguments(parser):
+    from ._config import add_config_args
+
+    add_config_args(parser, EvalStepsConfig)
+
+
+def load_prm(path: str, device: str, trust_remote_code: bool = False):
+    """(prm, kind): kind is ``beta`` (trained with beta-binomial), ``standard`` (another
+    objective) or ``zero-shot`` (a plain causal LM wrapped on the fly)."""
+    from ..model import CONFIG_NAME, BetaPRM
+
+    if (Path(path) / CONFIG_NAME).is_file():
+        prm = BetaPRM.from_pretrained(path, device=device, trust_remote_code=trust_remote_code)
+        summary = Path(path) / "train_summary.json"
+        objective = json.loads(summary.read_text()).get("config", {}).get("objective") if summary.is_file() else "beta-binomial"
+        return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
+    prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)
+    return prm.to(device).eval(), "zero-shot"
+
+
+def run(args):
+    import torch
+
+    from ..errors import BetaPRMInputError
+    from ..evaluation.steps import evaluate_steps, read_visualprocessbench
+    from ..scoring import score_traces
+    from ._config import config_from_args
+
+    cfg = config_from_args(EvalStepsConfig, args)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    items = read_visualprocessbench(cfg.data)
+    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
+    with_images = sum(bool(it.images) for it in items)
+    if with_images and not getattr(prm, "is_vision", False) and not cfg.ignore_images:
+        raise BetaPRMInputError(f"{cfg.data}: {with_images} records have images but {cfg.model} is a text-only model; "
+                                "use a vision-language BetaPRM, or --ignore-images to score the text alone")
+    mode = cfg.score if cfg.score != "auto" else ("mu-sigma" if kind == "beta" else "mu")
+    scores = score_traces(prm, [(it.question, it.steps) for it in items], batch_size=cfg.batch_size)
+    step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
+    res = evaluate_steps(items, step_scores, cfg.val_fraction, cfg.seed)
+    res.update(model=cfg.model, model_kind=kind, score=mode if mode == "mu" else f"mu - {cfg.lam}*sigma", data=cfg.data)
+    width = max([len("overall (micro-F1)")] + [len(k) for k in res["per_source"]])
+    print(f"{cfg.model} ({kind}; step score {res['score']}); threshold {res['threshold']:.4f} chosen on {res['n_val_items']} validation items")
+    print(f"| {'subset':<{width}} | F1    |")
+    print(f"|{'-' * (width + 2)}|-------|")
+    print(f"| {'overall (micro-F1)':<{width}} | {100 * res['overall_f1']:5.2f} |")
+    for k, v in res["per_source"].items():
+        print(f"| {k:<{width}} | {100 * v:5.2f} |")
+    print(f"{res['n_steps']} annotated test steps (neutral ignored)")
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps(res, indent=2) + "\n")
+    return 0

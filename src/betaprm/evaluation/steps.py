@@ -1,0 +1,135 @@
+"""Step-level error detection, VisualProcessBench protocol (paper appendix A.4).
+
+Every annotated step gets a score: ``mu`` for a standard PRM (and a zero-shot backbone),
+``mu - lam * sigma`` (lam = 0.5) for a BetaPRM. A step is predicted correct when its score
+is at least a threshold. The threshold is one global value per model, chosen to maximise
+the overall F1 on a validation part (``val_fraction`` of the problems, split by problem so
+that no problem's steps sit on both sides) and applied to the rest.
+
+Metrics (neutral steps, label 0, ignored):
+
+- **overall**: micro-F1 over all annotated test steps and both classes (correct,
+  erroneous); with two classes and one prediction per step this equals the accuracy;
+- **per source**: macro-F1 on that source's steps, the mean of the F1 of the correct
+  class and the F1 of the erroneous class.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BetaPRMInputError
+
+
+@dataclass
+class BenchItem:
+    id: str
+    question: str
+    steps: list[str]
+    labels: list[int]  # 1 correct, 0 neutral, -1 incorrect
+    source: str
+    images: list[str]
+
+
+def read_visualprocessbench(path) -> list[BenchItem]:
+    """VisualProcessBench records: ``question``, ``response`` with ``steps`` and
+    ``process_correctness``, ``data_source``, optional ``image`` (str or list) and ``id``."""
+    items, path = [], Path(path)
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{i}"
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise BetaPRMInputError(f"{where}: not valid JSON ({e.msg})") from None
+            resp = r.get("response")
+            if not isinstance(resp, dict):
+                raise BetaPRMInputError(f"{where}: field 'response' must be an object with 'steps' and 'process_correctness'")
+            steps, labels = resp.get("steps"), resp.get("process_correctness")
+            if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+                raise BetaPRMInputError(f"{where}: response.steps must be a non-empty list of non-empty strings")
+            if not isinstance(labels, list) or len(labels) != len(steps):
+                raise BetaPRMInputError(f"{where}: response.process_correctness must have one label per step ({len(steps)} steps, got {labels!r:.80})")
+            if any(lab not in (1, 0, -1) for lab in labels):
+                raise BetaPRMInputError(f"{where}: response.process_correctness holds {sorted(set(labels) - {1, 0, -1})}; allowed: 1 (correct), 0 (neutral), -1 (incorrect)")
+            if not isinstance(r.get("question"), str):
+                raise BetaPRMInputError(f"{where}: field 'question' is missing")
+            image = r.get("image") or r.get("images") or []
+            images = [image] if isinstance(image, str) else list(image)
+            images = [str(p if Path(p).is_absolute() else path.parent / p) for p in images]
+            items.append(BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images))
+    return items
+
+
+def split_by_problem(items: Sequence[BenchItem], val_fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Indices of validation and test items; a problem (same source and question) is on
+    one side only. Deterministic: a hash of the problem decides."""
+    if not 0 < val_fraction < 1:
+        raise BetaPRMInputError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    val, test = [], []
+    for i, it in enumerate(items):
+        h = zlib.crc32(f"{seed}/{it.source}/{it.question}".encode()) / 0xFFFFFFFF
+        (val if h < val_fraction else test).append(i)
+    return val, test
+
+
+def _f1(tp: int, fp: int, fn: int) -> float:
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def f1_scores(pred_correct: np.ndarray, is_correct: np.ndarray) -> tuple[float, float, float]:
+    """(micro-F1 over both classes, F1 of the correct class, F1 of the erroneous class)."""
+    p, y = pred_correct.astype(bool), is_correct.astype(bool)
+    f_pos = _f1(int((p & y).sum()), int((p & ~y).sum()), int((~p & y).sum()))
+    f_neg = _f1(int((~p & ~y).sum()), int((~p & y).sum()), int((p & ~y).sum()))
+    micro = float((p == y).mean()) if len(y) else float("nan")
+    return micro, f_pos, f_neg
+
+
+def best_threshold(scores: np.ndarray, is_correct: np.ndarray) -> float:
+    """The threshold (one of the scores, or above all of them) with the highest micro-F1;
+    ties go to the lowest threshold."""
+    cands = np.unique(np.concatenate([scores, [np.inf]]))
+    best, best_f = cands[0], -1.0
+    for t in cands:
+        f = f1_scores(scores >= t, is_correct)[0]
+        if f > best_f:
+            best, best_f = t, f
+    return float(best)
+
+
+def evaluate_steps(items: Sequence[BenchItem], step_scores: Sequence[np.ndarray], val_fraction: float = 0.2, seed: int = 0) -> dict:
+    """Threshold on validation, F1 on test. ``step_scores[i]``: one score per step of item i."""
+    val, test = split_by_problem(items, val_fraction, seed)
+    if not val or not test:
+        raise BetaPRMInputError(f"the split by problem left {len(val)} validation and {len(test)} test items; give more problems or change --val-fraction")
+
+    def gather(idx):
+        s, y, src = [], [], []
+        for i in idx:
+            for sc, lab in zip(step_scores[i], items[i].labels):
+                if lab != 0:
+                    s.append(sc)
+                    y.append(lab == 1)
+                    src.append(items[i].source)
+        return np.array(s, float), np.array(y, bool), np.array(src)
+
+    vs, vy, _ = gather(val)
+    ts, ty, tsrc = gather(test)
+    tau = best_threshold(vs, vy)
+    micro, _, _ = f1_scores(ts >= tau, ty)
+    per_source = {}
+    for src in sorted(set(tsrc.tolist())):
+        m = tsrc == src
+        _, fp_, fn_ = f1_scores(ts[m] >= tau, ty[m])
+        per_source[src] = (fp_ + fn_) / 2
+    return {"overall_f1": micro, "per_source": per_source, "threshold": tau, "n_steps": int(len(ts)), "n_val_steps": int(len(vs)),
+            "n_test_items": len(test), "n_val_items": len(val), "val_f1": f1_scores(vs >= tau, vy)[0]}
