@@ -121,3 +121,47 @@ class AnswerChecker:
 
     def check(self, gold, pred: str | None) -> bool | None:
         return self.check_many([(gold, pred)])[0]
+
+
+class LLMJudge:
+    """Answer equivalence judged by a model behind an OpenAI-compatible server.
+
+    The judge sees only the reference and the extracted final answer and must reply yes
+    or no; any other reply, and any call that fails after the client's retries, is a
+    failed check (None), counted in ``failed``, never a wrong answer."""
+
+    PROMPT = (
+        "Reference answer: {gold}\nCandidate answer: {pred}\n"
+        "Are the two answers mathematically equivalent? Reply with exactly one word: yes or no."
+    )
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, concurrency: int = 8, timeout: float = 60.0, max_retries: int = 2):
+        from .generation.openai import OpenAIGenerator
+
+        self.client = OpenAIGenerator(base_url, model, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries)
+        self.concurrency = concurrency
+        self.failed = 0
+
+    def _one(self, gold, pred) -> bool | None:
+        from .generation.base import GenerationError
+
+        body = {"model": self.client.model, "messages": [{"role": "user", "content": self.PROMPT.format(gold=gold, pred=pred)}], "max_tokens": 4, "temperature": 0.0}
+        try:
+            ans = self.client._post("/chat/completions", body)
+            word = ans["choices"][0]["message"]["content"].strip().lower()
+        except (GenerationError, KeyError, IndexError, TypeError, AttributeError):
+            return None
+        word = word.split()[0].strip(".!,") if word else ""
+        return True if word == "yes" else False if word == "no" else None
+
+    def check_many(self, pairs: Sequence[tuple[object, str | None]]) -> list[bool | None]:
+        out: list[bool | None] = [False] * len(pairs)
+        todo = [i for i, (g, p) in enumerate(pairs) if g is not None and p is not None]
+        for i, (g, _) in enumerate(pairs):
+            if g is None:
+                out[i] = None
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            for i, v in zip(todo, pool.map(lambda i: self._one(*pairs[i]), todo)):
+                out[i] = v
+        self.failed += sum(r is None for r in out)
+        return out

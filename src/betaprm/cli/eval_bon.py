@@ -1,0 +1,148 @@
+"""betaprm eval-bon"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HELP = "Best-of-N accuracy of every selector on candidate-pool files (one per benchmark)"
+DESCRIPTION = """Best-of-N evaluation, the protocol of the paper's table 1.
+
+--pools: one JSONL file per benchmark (id, question, answer, candidates with steps; scored
+files also carry mu, kappa, sigma per candidate, else give --model to score on the fly).
+Final answers are read from each candidate's last step (\\boxed{}, <answer>, "answer is")
+and checked against the reference with math-verify, or by an LLM judge behind an
+OpenAI-compatible server (--judge-url, --judge-model); failed checks are counted apart.
+S_lin and S_RB are tuned on --val-fraction of each benchmark's problems; the table gives
+test accuracy with 95% bootstrap intervals and the average gain over single pass."""
+
+
+def _f(default, help_text):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class EvalBonConfig:
+    pools: str = _f("", "comma-separated pool files, one per benchmark (the file name is the benchmark name)")
+    model: str | None = _f(None, "a PRM directory, to score pools that have no mu/kappa/sigma")
+    out: str | None = _f(None, "write the results here (JSON)")
+    plots: str | None = _f(None, "write Best-of-n curves (PNG, one per benchmark) into this folder")
+    val_fraction: float = _f(0.2, "fraction of each benchmark's problems used to tune S_lin and S_RB")
+    seed: int = _f(0, "seed of the split and the bootstrap")
+    batch_size: int = _f(16, "candidates per forward pass when scoring")
+    device: str = _f("auto", "auto, cpu, cuda, ...")
+    judge_url: str | None = _f(None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify")
+    judge_model: str = _f("", "the judge's served model name")
+    check_timeout: float = _f(10.0, "math-verify: seconds per check before it counts as failed")
+
+    def __post_init__(self):
+        from ..errors import BetaPRMInputError
+
+        bad = []
+        if not self.pools:
+            bad.append("--pools is required (comma-separated pool files)")
+        if not 0 < self.val_fraction < 1:
+            bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        if self.judge_url and not self.judge_model:
+            bad.append("--judge-url needs --judge-model")
+        if bad:
+            raise BetaPRMInputError("bad eval-bon configuration: " + "; ".join(bad))
+
+
+def add_arguments(parser):
+    from ._config import add_config_args
+
+    add_config_args(parser, EvalBonConfig)
+
+
+def run(args):
+    import os
+
+    from ..answers import AnswerChecker, LLMJudge, final_answer
+    from ..data.records import read_records
+    from ..errors import BetaPRMInputError
+    from ..evaluation.bon import SELECTORS, check_pools, evaluate_pools
+    from ._config import config_from_args
+
+    cfg = config_from_args(EvalBonConfig, args)
+    checker = LLMJudge(cfg.judge_url, cfg.judge_model, api_key=os.environ.get("OPENAI_API_KEY")) if cfg.judge_url else AnswerChecker(timeout=cfg.check_timeout)
+    prm = None
+    results, curves = {}, {}
+    for path in [p.strip() for p in cfg.pools.split(",") if p.strip()]:
+        name = Path(path).stem
+        records = read_records(path, kind="pool").records
+        for r in records:
+            if r.get("answer") is None:
+                raise BetaPRMInputError(f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer")
+        if not all("mu" in c for r in records for c in r["candidates"]):
+            if not cfg.model:
+                raise BetaPRMInputError(f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)")
+            prm = prm or _load(cfg)
+            _score_in_place(prm, records, cfg.batch_size)
+        before = checker.failed
+        pools = check_pools(records, final_answer, checker.check_many)
+        res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
+        res["answer_checks_failed"] = checker.failed - before
+        results[name] = res
+        if cfg.plots:
+            curves[name] = _curve(pools, res, cfg)
+    names = list(results)
+    sel = [s for s in SELECTORS if all(s in results[n]["selectors"] for n in names)]
+    gains = {s: sum(results[n]["selectors"][s]["acc"] - results[n]["selectors"]["single_pass"]["acc"] for n in names) / len(names) for s in sel}
+    header = "| selector | " + " | ".join(names) + " | avg gain vs single pass |"
+    print(header)
+    print("|" + "---|" * (len(names) + 2))
+    for s in sel:
+        cells = [f"{100 * results[n]['selectors'][s]['acc']:.2f} [{100 * results[n]['selectors'][s]['ci'][0]:.1f}, {100 * results[n]['selectors'][s]['ci'][1]:.1f}]" for n in names]
+        print(f"| {SELECTORS[s]} | " + " | ".join(cells) + f" | {100 * gains[s]:+.2f} |")
+    for n in names:
+        r = results[n]
+        failed = {s: v["check_failed"] for s, v in r["selectors"].items() if v["check_failed"]}
+        print(f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks failed" + (f" (picks left out: {failed})" if failed else ""))
+    out = {"benchmarks": results, "avg_gain_vs_single_pass": gains, "judge": cfg.judge_model if cfg.judge_url else "math-verify"}
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps(out, indent=2) + "\n")
+    if cfg.plots:
+        from ..evaluation import plots
+
+        Path(cfg.plots).mkdir(parents=True, exist_ok=True)
+        for n, c in curves.items():
+            plots.best_of_n_curves(c, Path(cfg.plots) / f"best_of_n_{n}.png")
+    return 0
+
+
+def _load(cfg):
+    import torch
+
+    from .eval_steps import load_prm
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    return load_prm(cfg.model, device)[0]
+
+
+def _score_in_place(prm, records, batch_size):
+    from ..scoring import score_traces
+
+    flat = score_traces(prm, [(r["question"], c["steps"]) for r in records for c in r["candidates"]], batch_size=batch_size)
+    it = iter(flat)
+    for r in records:
+        for c in r["candidates"]:
+            c.update(next(it).to_dict())
+
+
+def _curve(pools, res, cfg):
+    """Test accuracy of a few selectors on the first n candidates, n = 1..N."""
+    from ..evaluation.bon import BonPool, evaluate_pools
+
+    n_max = min(len(p.answers) for p in pools)
+    out = {}
+    for n in range(1, n_max + 1):
+        cut = [BonPool(p.id, p.question, p.answers[:n], p.correct[:n], p.scores[:n] if p.scores else None) for p in pools]
+        r = evaluate_pools(cut, cfg.val_fraction, cfg.seed)["selectors"]
+        for s in ("majority_vote", "mean", "rb", "weighted_vote", "oracle"):
+            if s in r:
+                out.setdefault(s, ([], []))
+                out[s][0].append(n)
+                out[s][1].append(r[s]["acc"])
+    return out

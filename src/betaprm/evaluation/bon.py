@@ -1,0 +1,123 @@
+"""Best-of-N on candidate-pool files (the paper's table 1 protocol).
+
+One pool file per benchmark (design.md section 5: ``id``, ``question``, ``answer``,
+``candidates`` with ``steps`` and, once scored, ``mu``/``kappa``/``sigma``). Every
+candidate's final answer is checked against the reference once; each selector picks one
+candidate per problem; selector hyperparameters (S_lin's lambda, S_RB's lambda and q) are
+tuned on a validation part of the problems (split by problem) and accuracy is reported on
+the rest with bootstrap intervals. A pick whose answer check failed is not counted as
+wrong: it is left out of that selector's accuracy and counted in ``check_failed``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..scoring import StepScores
+from ..selection import candidate_scores, majority_vote, select, tune, weighted_vote
+from .metrics import bootstrap_ci
+
+# name -> human-readable row label, in table order
+SELECTORS = {
+    "single_pass": "single pass (first candidate)",
+    "majority_vote": "majority vote",
+    "mean": "top-1 mean mu",
+    "min": "top-1 min mu",
+    "last": "top-1 last mu",
+    "prod": "top-1 prod mu",
+    "lin": "top-1 S_lin",
+    "rb": "top-1 S_RB",
+    "weighted_vote": "mu-weighted vote",
+    "oracle": "oracle pass@N",
+}
+
+
+@dataclass
+class BonPool:
+    id: str
+    question: str
+    answers: list  # final answer per candidate (None: none stated)
+    correct: list  # True / False / None (check failed) per candidate
+    scores: list[StepScores] | None
+
+
+def _split(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    val, test = [], []
+    for i, p in enumerate(pools):
+        h = zlib.crc32(f"{seed}/{p.question}".encode()) / 0xFFFFFFFF
+        (val if h < val_fraction else test).append(i)
+    return val, test
+
+
+def _pick(pool: BonPool, name: str, tuned: dict) -> int | None:
+    if name == "single_pass":
+        return 0
+    if name == "majority_vote":
+        return majority_vote(pool.answers)
+    if name == "weighted_vote":
+        return weighted_vote(pool.answers, candidate_scores(pool.scores, "mean"))
+    if name in ("lin", "rb"):
+        t = tuned[name]
+        return select(pool.scores, name, t.lam, t.tau)
+    return select(pool.scores, name)
+
+
+def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: int = 0) -> dict:
+    """Per-selector accuracy on the test part, hyperparameters tuned on the validation part."""
+    val, test = _split(pools, val_fraction, seed)
+    if not test:
+        raise ValueError("no test problems left after the validation split")
+    scored = all(p.scores is not None for p in pools)
+    tuned = {}
+    if scored and val:
+        vp = [pools[i] for i in val]
+        # Tuning needs known outcomes: a failed check counts as not correct here only.
+        corr = [[bool(c) for c in p.correct] for p in vp]
+        tuned = {m: tune([p.scores for p in vp], corr, m) for m in ("lin", "rb")}
+    names = [n for n in SELECTORS if scored or n in ("single_pass", "majority_vote", "oracle")]
+    if scored and not tuned:
+        names = [n for n in names if n not in ("lin", "rb")]
+    out = {}
+    for name in names:
+        hits, failed = [], 0
+        for i in test:
+            p = pools[i]
+            if name == "oracle":
+                hits.append(float(any(c is True for c in p.correct)))
+                continue
+            k = _pick(p, name, tuned)
+            c = None if k is None else p.correct[k]
+            if k is not None and c is None:
+                failed += 1
+                continue
+            hits.append(float(bool(c)))
+        h = np.array(hits)
+        out[name] = {"acc": float(h.mean()) if len(h) else float("nan"), "ci": list(bootstrap_ci(h, seed=seed)) if len(h) else [float("nan")] * 2,
+                     "n": len(h), "check_failed": failed}
+    return {"selectors": out, "tuned": {k: {"lambda": v.lam, "q": v.q, "tau": v.tau, "val_acc": v.val_accuracy} for k, v in tuned.items()},
+            "n_test": len(test), "n_val": len(val)}
+
+
+def check_pools(records: Sequence[dict], answer_of: Callable, check_many: Callable) -> list[BonPool]:
+    """Pools with every candidate's answer read and checked once (``check_many`` takes
+    (gold, answer) pairs and returns True/False/None)."""
+    pairs, answers = [], []
+    for r in records:
+        ans = [answer_of(c["steps"]) for c in r["candidates"]]
+        answers.append(ans)
+        for a in ans:
+            pairs.append((r.get("answer"), a))
+    verdicts = check_many(pairs)
+    pools, k = [], 0
+    for r, ans in zip(records, answers):
+        n = len(ans)
+        sc = None
+        if all("mu" in c for c in r["candidates"]):
+            sc = [StepScores(c["mu"], c.get("kappa", [1.0] * len(c["mu"])), c.get("sigma")) for c in r["candidates"]]
+        pools.append(BonPool(str(r["id"]), r["question"], ans, list(verdicts[k : k + n]), sc))
+        k += n
+    return pools
