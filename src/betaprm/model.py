@@ -55,6 +55,10 @@ class BetaPRMConfig:
     # and the probe proves the reloaded tokenizer still tokenises the same way.
     tokenizer_class: str = ""
     tokenizer_probe_ids: list[int] = field(default_factory=list)
+    # Vision-language backbones: the processor class and its own settings (the image
+    # processor's are in preprocessor_config.json beside the weights).
+    processor_class: str = ""
+    processor_kwargs: dict = field(default_factory=dict)
     betaprm_version: str = field(default_factory=lambda: _version())
 
     def __post_init__(self):
@@ -139,11 +143,12 @@ def _single_token_id(tokenizer, word: str, role: str) -> int:
 class BetaPRM(nn.Module):
     """A causal-LM backbone plus a kappa head; see the module docstring."""
 
-    def __init__(self, backbone: nn.Module, tokenizer, config: BetaPRMConfig, kappa_head: nn.Linear | None = None):
+    def __init__(self, backbone: nn.Module, tokenizer, config: BetaPRMConfig, kappa_head: nn.Linear | None = None, processor=None):
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.config = config
+        self.processor = processor  # vision-language backbones only (betaprm.vision)
         hidden = _hidden_size(backbone)
         if kappa_head is None:
             # Initialised once, here, at creation: never again at train start or resume
@@ -171,29 +176,44 @@ class BetaPRM(nn.Module):
         marker_repeat: int = 1,
         trust_remote_code: bool = False,
         dtype=None,
+        processor=None,
     ) -> BetaPRM:
-        """Wrap a causal LM (an instance, or a local directory / hub id) as a BetaPRM.
+        """Wrap a causal LM or a vision-language model (an instance, or a local
+        directory / hub id) as a BetaPRM.
 
         Adds ``marker`` as a special token when the tokenizer lacks it (new embedding
         rows set to the mean of the existing ones) and resolves the two reward words to
-        single token ids.
+        single token ids. A vision-language model (its config has a ``vision_config``)
+        loads as ``AutoModelForImageTextToText`` with its processor (an instance needs
+        ``processor=``, whose tokenizer is then the tokenizer).
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+        from .vision import is_vision_config, load_processor
 
         if isinstance(model_or_path, (str, os.PathLike)):
             path = str(model_or_path)
-            backbone = AutoModelForCausalLM.from_pretrained(
-                path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=None
-            )
+            vision = is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
+            auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+            backbone = auto.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=None)
             if tokenizer is None:
-                tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+                tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            if vision and processor is None:
+                processor = load_processor(path, tokenizer)
         else:
             backbone = model_or_path
+            vision = is_vision_config(backbone.config)
+            if vision and processor is None:
+                raise BetaPRMInputError("from_backbone got a vision-language model instance but no processor; pass processor= (its image processor and tokenizer)")
+            if tokenizer is None:
+                tokenizer = processor.tokenizer if processor is not None else None
             if tokenizer is None:
                 raise BetaPRMInputError(
                     "from_backbone got a model instance but no tokenizer; pass tokenizer= (the "
                     "one the model was trained with)"
                 )
+        if processor is not None and processor.tokenizer is not tokenizer:
+            raise BetaPRMInputError("the processor's tokenizer must be the tokenizer given (the marker is added to it)")
         config = BetaPRMConfig(
             marker=marker,
             reward_tokens=tuple(reward_tokens),
@@ -213,7 +233,17 @@ class BetaPRM(nn.Module):
         if yes == no:
             raise BetaPRMInputError(f"the reward tokens {config.reward_tokens!r} map to the same token id {yes}")
         config.reward_token_ids = (yes, no)
-        return cls(backbone, tokenizer, config)
+        if processor is not None:
+            from .vision import processor_kwargs
+
+            config.auto_class = "AutoModelForImageTextToText"
+            config.processor_class = type(processor).__name__
+            config.processor_kwargs = processor_kwargs(processor)
+        return cls(backbone, tokenizer, config, processor=processor)
+
+    @property
+    def is_vision(self) -> bool:
+        return self.processor is not None
 
     # ------------------------------------------------------------------ forward
     @property
@@ -308,6 +338,8 @@ class BetaPRM(nn.Module):
             head_sd = self.kappa_head.state_dict()
             self.backbone.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+        if self.processor is not None:
+            self.processor.image_processor.save_pretrained(path)
         state = {k: v.detach().cpu().float().contiguous() for k, v in head_sd.items()}
         save_file(state, path / HEAD_NAME, metadata={"format": "pt"})
         self.config.tokenizer_class = type(self.tokenizer).__name__
@@ -355,7 +387,12 @@ class BetaPRM(nn.Module):
             )
         head = nn.Linear(_hidden_size(backbone), 1, dtype=torch.float32)
         head.load_state_dict(load_file(path / HEAD_NAME))
-        model = cls(backbone, tokenizer, config, kappa_head=head)
+        processor = None
+        if config.processor_class:
+            from .vision import load_processor
+
+            processor = load_processor(path, tokenizer, config.processor_class, config.processor_kwargs)
+        model = cls(backbone, tokenizer, config, kappa_head=head, processor=processor)
         if device is not None:
             model.to(device)
         return model.eval()

@@ -107,8 +107,17 @@ def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int = 1
 
 
 def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: int = 16, progress=None) -> list[StepScores]:
-    """Score ``(question, steps)`` traces; one ``StepScores`` per trace, in order."""
-    ids = encode_traces(prm.tokenizer, prm.config.marker_id, traces, prm.config.trace_format)
+    """Score ``(question, steps)`` traces, or ``(question, steps, image paths)`` with a
+    vision-language BetaPRM; one ``StepScores`` per trace, in order."""
+    if getattr(prm, "processor", None) is not None:
+        from .vision import score_multimodal
+
+        return score_multimodal(prm, traces, batch_size=batch_size)
+    if any(len(t) > 2 and t[2] for t in traces):
+        from .errors import BetaPRMInputError
+
+        raise BetaPRMInputError("traces with images need a vision-language BetaPRM; this one is text-only")
+    ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(t[0], t[1]) for t in traces], prm.config.trace_format)
     return score_token_ids(prm, ids, batch_size=batch_size, progress=progress)
 
 

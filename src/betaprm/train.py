@@ -75,6 +75,7 @@ class TrainConfig:
     reward_tokens: str = _f("Yes,No", "the two reward words, positive first, comma-separated")
     kappa_init: float = _f(4.0, "kappa of a new head before training")
     kappa_min: float = _f(1e-3, "lower bound added to softplus")
+    train_vision: bool = _f(False, "vision-language backbones: also train the vision encoder (by default it is frozen; the projector and language model train)")
     kappa_detach: bool = _f(False, "beta-binomial: stop the kappa head's gradient at the backbone, so the backbone is shaped by mu alone and kappa reads its features")
     chat_template: bool = _f(False, "wrap traces in the tokenizer's chat template (assistant turn)")
     marker_repeat: int = _f(1, "markers written after each step, scores read at the last (1: the paper's layout)")
@@ -346,10 +347,15 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False):
     say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
     if not loaded.records:
         raise BetaPRMInputError(f"{cfg.data}: no usable records")
-    if any(r.images for r in loaded.records):
-        raise BetaPRMInputError(f"{cfg.data}: records with images need a vision-language backbone, which this betaprm version does not train yet")
 
     prm = load_or_create(cfg)
+    if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
+        raise BetaPRMInputError(f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); {cfg.model} is text-only")
+    if getattr(prm, "processor", None) is not None:
+        from .vision import freeze_vision
+
+        n_frozen = freeze_vision(prm.backbone, cfg.train_vision)
+        say(f"vision-language backbone: {'vision encoder trains too' if cfg.train_vision else f'vision encoder frozen ({n_frozen} tensors)'}")
     if cfg.objective != "beta-binomial":
         # The standard PRM has no reliability channel: keep kappa at its initial value
         # (and out of the graph, so DDP sees no unused trainable parameters).

@@ -59,6 +59,8 @@ def encode_records(prm, records: Sequence[Record], max_length: int, truncation: 
         raise BetaPRMInputError(f"max_length must be at least 2, got {max_length}")
     marker_id = prm.config.marker_id
     stats = EncodeStats()
+    if getattr(prm, "processor", None) is not None:
+        return _encode_multimodal_records(prm, records, max_length, truncation, stats, progress)
     examples = []
     for start in range(0, len(records), chunk):
         batch = records[start : start + chunk]
@@ -79,9 +81,56 @@ def encode_records(prm, records: Sequence[Record], max_length: int, truncation: 
     return CountsDataset(examples, stats)
 
 
+class MultimodalCountsDataset(torch.utils.data.Dataset):
+    """Records for a vision-language BetaPRM, processed when an example is read (images
+    are not held in memory): ``input_ids``, ``pixel_values`` (and ``image_grid_thw``),
+    K and N per kept step. Which steps fit ``max_length`` is decided once, at load."""
+
+    def __init__(self, prm, items: list[tuple], stats: EncodeStats):
+        self.prm = prm
+        self.items = items  # (question, kept steps, image paths, K, N)
+        self.stats = stats
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        from ..vision import encode_multimodal
+
+        q, steps, images, k, n = self.items[i]
+        enc = encode_multimodal(self.prm, [(q, steps, images)])
+        ex = {"input_ids": enc["input_ids"][0].tolist(), "mc_correct": k, "mc_total": n}
+        for key in ("pixel_values", "image_grid_thw"):
+            if key in enc:
+                ex[key] = enc[key]
+        return ex
+
+
+def _encode_multimodal_records(prm, records, max_length, truncation, stats, progress):
+    from ..vision import encode_multimodal
+
+    items = []
+    for r in records:
+        ids = encode_multimodal(prm, [(r.question, r.steps, r.images)])["input_ids"][0].tolist()
+        _, kept = fit_to_length(ids, prm.config.marker_id, max_length, prm.config.marker_repeat)
+        if kept < len(r.steps):
+            if truncation == "reject" or kept == 0:
+                stats.rejected_too_long += 1
+                continue
+            stats.truncated_records += 1
+            stats.dropped_steps += len(r.steps) - kept
+        items.append((r.question, list(r.steps[:kept]), list(r.images), list(r.mc_correct[:kept]), list(r.mc_total[:kept])))
+        stats.records += 1
+        stats.steps += kept
+        if progress is not None:
+            progress(1)
+    return MultimodalCountsDataset(prm, items, stats)
+
+
 class CountsCollator:
     """Right-pads ``input_ids`` and concatenates K and N in row-major marker order, the
-    order in which ``BetaPRM.forward`` returns its per-marker outputs."""
+    order in which ``BetaPRM.forward`` returns its per-marker outputs; image inputs are
+    concatenated in the same example order, as the processors batch them."""
 
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
@@ -90,4 +139,9 @@ class CountsCollator:
         ids, mask = pad_batch([f["input_ids"] for f in features], self.pad_id)
         k = torch.tensor([v for f in features for v in f["mc_correct"]], dtype=torch.float32)
         n = torch.tensor([v for f in features for v in f["mc_total"]], dtype=torch.float32)
-        return {"input_ids": ids, "attention_mask": mask, "mc_correct": k, "mc_total": n}
+        batch = {"input_ids": ids, "attention_mask": mask, "mc_correct": k, "mc_total": n}
+        for key in ("pixel_values", "image_grid_thw"):
+            parts = [f[key] for f in features if key in f]
+            if parts:
+                batch[key] = torch.cat(parts, dim=0)
+        return batch
