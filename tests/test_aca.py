@@ -236,3 +236,18 @@ def test_request_seeds_make_runs_reproducible(world_setup):
     c, _ = _run(world, problems[:5], ACAConfig(final="lin", seed=4))
     assert a == b and a != c
     assert GenerationRequest("q").seed is None
+
+
+def test_cli_aca_plot_against_a_best_of_n_baseline(tmp_path):
+    """`betaprm aca --plots` draws the run over the Best-of-n curve of a best-of-n run."""
+    from betaprm.cli import main
+    from betaprm.model import BetaPRM
+    from tests.helpers import make_lm_dir
+
+    BetaPRM.from_backbone(str(make_lm_dir(tmp_path / "lm"))).save_pretrained(tmp_path / "prm")
+    common = ["aca", "--model", str(tmp_path / "prm"), "--n-problems", "12", "--final", "lin"]
+    assert main([*common, "--variant", "best-of-n", "--out", str(tmp_path / "bon.jsonl")]) == 0
+    assert main([*common, "--out", str(tmp_path / "aca.jsonl"), "--plots", str(tmp_path / "p"), "--baseline", str(tmp_path / "bon.jsonl")]) == 0
+    assert (tmp_path / "p" / "aca_tokens.png").stat().st_size > 0
+    recs = [json.loads(line) for line in (tmp_path / "bon.jsonl").read_text().splitlines()]
+    assert all(r["candidates"][r["chosen"]]["correct"] == r["correct"] for r in recs)

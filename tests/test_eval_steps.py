@@ -74,7 +74,8 @@ def test_cli_zero_shot_on_a_plain_lm(tmp_path, capsys):
     data = tmp_path / "vpb.jsonl"
     _write_bench(data)
     out = tmp_path / "res.json"
-    assert main(["eval-steps", "--model", str(lm), "--data", str(data), "--out", str(out)]) == 0
+    assert main(["eval-steps", "--model", str(lm), "--data", str(data), "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert all((tmp_path / "plots" / f).stat().st_size > 0 for f in ("reliability.png", "f1_threshold.png"))
     r = json.loads(out.read_text())
     assert r["model_kind"] == "zero-shot" and r["score"] == "mu" and set(r["per_source"]) <= {"MathVision", "MathVerse"}
     assert 0 <= r["overall_f1"] <= 1 and r["n_steps"] > 0

@@ -77,8 +77,9 @@ def test_train_score_save_load(kind, images, tmp_path):
             f.write(json.dumps({"id": f"r{i}", "question": q, "steps": steps, "images": imgs, "mc_correct": rng.integers(0, 9, len(steps)).tolist(), "mc_total": 8}) + "\n")
     out = tmp_path / "prm"
     rc = main(["train", "--model", str(lm), "--data", str(data), "--output-dir", str(out), "--max-steps", "3", "--global-batch-size", "4",
-               "--per-device-batch-size", "2", "--learning-rate", "1e-3", "--use-cpu", "--save-steps", "1000", "--logging-steps", "1"])
-    assert rc == 0
+               "--per-device-batch-size", "2", "--learning-rate", "1e-3", "--use-cpu", "--save-steps", "1000", "--logging-steps", "1",
+               "--plots", str(tmp_path / "plots")])
+    assert rc == 0 and (tmp_path / "plots" / "kappa_dynamics.png").stat().st_size > 0
     trained = BetaPRM.from_pretrained(out)
     start = BetaPRM.from_backbone(str(lm))
     changed = {n: not torch.equal(p, dict(start.backbone.named_parameters())[n]) for n, p in trained.backbone.named_parameters()}
@@ -119,3 +120,21 @@ def test_text_model_refuses_image_records(images, tmp_path, capsys):
     data.write_text(json.dumps({"id": "r", "question": "q", "steps": ["a"], "images": [images[0]], "mc_correct": [1], "mc_total": 2}) + "\n")
     assert main(["train", "--model", str(lm), "--data", str(data), "--output-dir", str(tmp_path / "o"), "--max-steps", "1", "--use-cpu"]) == 2
     assert "need a vision-language backbone" in capsys.readouterr().err
+
+
+def test_eval_steps_on_a_vision_model_with_images(images, tmp_path):
+    """`betaprm eval-steps` zero-shot on an untrained vision-language backbone: records
+    with and without images (the "Base (w/o training)" row)."""
+    from betaprm.cli import main
+
+    model, proc = tiny_vlm("qwen2_5_vl")
+    lm = tmp_path / "vlm"
+    save_vlm_dir(model, proc, lm)
+    data = tmp_path / "vpb.jsonl"
+    rows = [{"image": images[i % 3] if i % 2 else None, "question": f"question {i}", "answer": "1", "data_source": ["A", "B"][i % 2],
+             "response": {"steps": ["look", "count", "answer 1"], "process_correctness": [1, 0, -1 if i % 3 else 1]}} for i in range(20)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r.json"
+    assert main(["eval-steps", "--model", str(lm), "--data", str(data), "--out", str(out), "--val-fraction", "0.3"]) == 0
+    r = json.loads(out.read_text())
+    assert r["model_kind"] == "zero-shot" and r["n_steps"] == 2 * r["n_test_items"]

@@ -212,8 +212,9 @@ class _State:
         }
         if write_candidates:
             rec["candidates"] = [
-                {"steps": c.steps, "round": c.round, "parent": c.parent, "cut": c.cut, "n_tokens": c.n_tokens, "answer": c.answer, **c.scores.to_dict()}
-                for c in self.cands
+                {"steps": c.steps, "round": c.round, "parent": c.parent, "cut": c.cut, "n_tokens": c.n_tokens, "answer": c.answer,
+                 "correct": rec["correct"] if i == chosen else is_correct(self.task, c.answer), **c.scores.to_dict()}
+                for i, c in enumerate(self.cands)
             ]
         return rec
 

@@ -271,7 +271,7 @@ def _aca(world, test_p, test_pools, hits, models, tuned, tokenizer, seed, n_cand
                        "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"], "mean_pool_size": float(np.mean([r["pool_size"] for r in recs])),
                        "stop_reasons": reasons}
         if name == "aca":  # the same pools, final choice by S_lin (the ablation's shared rule)
-            lin = [float(r["candidates"][int(np.argmax(candidate_scores([_scores(c) for c in r["candidates"]], "lin", 0.5)))]["answer"] == r["answer"]) for r in recs]
+            lin = [float(bool(r["candidates"][int(np.argmax(candidate_scores([_scores(c) for c in r["candidates"]], "lin", 0.5)))]["correct"])) for r in recs]
             table["aca_lin"] = {"acc": float(np.mean(lin)), "ci": list(bootstrap_ci(np.array(lin), seed=seed)), "tokens": tokens, "token_reduction": table[name]["token_reduction"]}
         points[name.replace("_", " ")] = (tokens, table[name]["acc"])
     table["bon_curve"] = {"n": list(range(1, n_candidates + 1)), "tokens": [int(sum(sum(t[:n]) for t in pool_tokens)) for n in range(1, n_candidates + 1)]}

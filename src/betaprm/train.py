@@ -66,6 +66,7 @@ class TrainConfig:
     logging_steps: int = _f(10, "log every this many optimiser steps")
     save_steps: int = _f(500, "save a checkpoint every this many optimiser steps")
     save_total_limit: int = _f(2, "keep at most this many checkpoints")
+    plots: str | None = _f(None, "write kappa_dynamics.png (kappa mean and 90th percentile over training, the paper's figure 4) into this folder")
     report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
     seed: int = _f(42, "random seed (model init, data order)")
     resume_from_checkpoint: str | None = _f(None, "checkpoint directory to resume from, or 'last' for the newest in output_dir")
@@ -439,6 +440,11 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False):
             "log_history": trainer.state.log_history,
         }
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if cfg.plots and cfg.objective == "beta-binomial":
+            from .evaluation.plots import kappa_dynamics
+
+            Path(cfg.plots).mkdir(parents=True, exist_ok=True)
+            kappa_dynamics(trainer.state.log_history, Path(cfg.plots) / "kappa_dynamics.png")
     say(dataset.stats.describe(cfg.max_length))
     say(f"saved the BetaPRM to {out_dir}")
     return prm, trainer, dataset.stats

@@ -57,6 +57,8 @@ class ACACommandConfig(BackendOptions):
     batch_size: int = _f(64, "candidates per PRM forward pass")
     device: str = _f("auto", "PRM device: auto, cpu, cuda, ...")
     write_candidates: bool = _f(True, "keep every candidate's steps and scores in the records")
+    plots: str | None = _f(None, "write aca_tokens.png (accuracy against generated tokens) into this folder")
+    baseline: str | None = _f(None, "with --plots: records of a --variant best-of-n run, drawn as the Best-of-n curve (n = 1..budget)")
 
     def __post_init__(self):
         from ..errors import BetaPRMInputError
@@ -169,7 +171,40 @@ def run(args):
     print(f"{cfg.variant}: {s['n']} problems, accuracy {s['acc']:.3f}, {s['tokens']} generated tokens "
           f"({s['tokens'] / max(s['n'], 1):.0f} per problem), mean pool {s['mean_pool_size']:.1f}, stops {s['stop_reasons']}"
           + (f", {s['check_failed']} answer checks failed" if s["check_failed"] else "") + f" -> {cfg.out}")
+    if cfg.plots:
+        _plot(cfg, records, s, final_lam, final_tau)
     return 0
+
+
+def _plot(cfg, records, s, final_lam, final_tau):
+    """This run as a point on accuracy against tokens, over the Best-of-n curve of a
+    best-of-n run's records (its first n candidates, the same final selector)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from ..evaluation import plots
+    from ..scoring import StepScores
+    from ..selection import candidate_scores
+
+    curve = {}
+    if cfg.baseline:
+        base = [json.loads(line) for line in open(cfg.baseline, encoding="utf-8") if line.strip()]
+        method = cfg.final if final_tau is not None or cfg.final != "rb" else "lin"
+        xs, ys = [], []
+        for n in range(1, min(len(r["candidates"]) for r in base) + 1):
+            hits, toks = [], 0
+            for r in base:
+                cands = r["candidates"][:n]
+                pool = [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in cands]
+                k = int(np.argmax(candidate_scores(pool, method, final_lam if final_lam is not None else 0.5, final_tau)))
+                hits.append(bool(cands[k]["correct"]))
+                toks += sum(c["n_tokens"] for c in cands)
+            xs.append(toks)
+            ys.append(float(np.mean(hits)))
+        curve["Best-of-n (baseline records)"] = (xs, ys)
+    Path(cfg.plots).mkdir(parents=True, exist_ok=True)
+    plots.best_of_n_curves(curve, Path(cfg.plots) / "aca_tokens.png", points={cfg.variant: (s["tokens"], s["acc"])}, xlabel="generated tokens")
 
 
 def _tune_rb_on_world(world, prm, scorer, cfg, s, lam):

@@ -26,6 +26,7 @@ class EvalStepsConfig:
     model: str = _f("", "a BetaPRM directory, or a plain causal-LM directory (scored zero-shot)")
     data: str = _f("", "VisualProcessBench-format JSONL")
     out: str | None = _f(None, "write overall_f1, per_source, threshold and step counts here (JSON)")
+    plots: str | None = _f(None, "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this folder")
     score: str = _f("auto", "step score: auto (mu - lam*sigma for a beta-binomial model, else mu), mu, or mu-sigma")
     lam: float = _f(0.5, "lambda of mu - lambda*sigma")
     val_fraction: float = _f(0.2, "fraction of problems used to choose the threshold")
@@ -80,11 +81,12 @@ def run(args):
     items = read_visualprocessbench(cfg.data)
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
     with_images = sum(bool(it.images) for it in items)
-    if with_images and not getattr(prm, "is_vision", False) and not cfg.ignore_images:
+    if with_images and not prm.is_vision and not cfg.ignore_images:
         raise BetaPRMInputError(f"{cfg.data}: {with_images} records have images but {cfg.model} is a text-only model; "
                                 "use a vision-language BetaPRM, or --ignore-images to score the text alone")
     mode = cfg.score if cfg.score != "auto" else ("mu-sigma" if kind == "beta" else "mu")
-    scores = score_traces(prm, [(it.question, it.steps) for it in items], batch_size=cfg.batch_size)
+    traces = [(it.question, it.steps, it.images) if prm.is_vision else (it.question, it.steps) for it in items]
+    scores = score_traces(prm, traces, batch_size=cfg.batch_size)
     step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
     res = evaluate_steps(items, step_scores, cfg.val_fraction, cfg.seed)
     res.update(model=cfg.model, model_kind=kind, score=mode if mode == "mu" else f"mu - {cfg.lam}*sigma", data=cfg.data)
@@ -98,4 +100,23 @@ def run(args):
     print(f"{res['n_steps']} annotated test steps (neutral ignored)")
     if cfg.out:
         Path(cfg.out).write_text(json.dumps(res, indent=2) + "\n")
+    if cfg.plots:
+        _plots(cfg, items, scores, step_scores, res)
     return 0
+
+
+def _plots(cfg, items, scores, step_scores, res):
+    import numpy as np
+
+    from ..evaluation import plots
+    from ..evaluation.steps import f1_scores
+
+    out = Path(cfg.plots)
+    out.mkdir(parents=True, exist_ok=True)
+    mu = np.array([m for s, it in zip(scores, items) for m, lab in zip(s.mu, it.labels) if lab != 0])
+    y = np.array([lab == 1 for it in items for lab in it.labels if lab != 0], float)
+    plots.reliability_diagram({"mu": (mu, y)}, out / "reliability.png")
+    sc = np.concatenate([np.asarray(s)[np.array(it.labels) != 0] for s, it in zip(step_scores, items)])
+    ts = np.quantile(sc, np.linspace(0, 1, 41))
+    plots.best_of_n_curves({"micro-F1 (all steps)": (list(ts), [f1_scores(sc >= t, y.astype(bool))[0] for t in ts])}, out / "f1_threshold.png",
+                           points={"chosen threshold": (res["threshold"], res["overall_f1"])}, xlabel="threshold on the step score")
