@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .errors import BetaPRMInputError
 from .formatting import encode_traces
 
 __all__ = ["PRMScorer", "StepScores", "score_token_ids", "score_traces"]
@@ -151,6 +152,15 @@ def _completed_ids(path) -> set[str]:
     return ids
 
 
+def _pool_images(record: dict, input_path) -> list[str]:
+    """A pool's image paths, relative ones resolved against the pool file's folder."""
+    from pathlib import Path
+
+    imgs = record.get("images") or ([record["image"]] if isinstance(record.get("image"), str) else record.get("image") or [])
+    base = Path(input_path).parent
+    return [p if Path(p).is_absolute() else str(base / p) for p in imgs]
+
+
 def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error: str = "fail", rejects=None, chunk_candidates: int = 256, show_progress: bool = True) -> dict:
     """Score a JSONL file of candidate pools into ``output_path``, appending.
 
@@ -179,7 +189,11 @@ def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error
                 n += len(todo[end]["candidates"])
                 end += 1
             pools = todo[start:end]
-            traces = [(r["question"], c["steps"]) for r in pools for c in r["candidates"]]
+            traces = [(r["question"], c["steps"], _pool_images(r, input_path)) for r in pools for c in r["candidates"]]
+            if getattr(prm, "processor", None) is None:
+                if any(t[2] for t in traces):
+                    raise BetaPRMInputError(f"{input_path}: pools with images need a vision-language BetaPRM; {type(prm.backbone).__name__} is text-only")
+                traces = [t[:2] for t in traces]
             scores = iter(score_traces(prm, traces, batch_size=batch_size))
             lines = []
             for r in pools:

@@ -79,7 +79,7 @@ def run(args):
             if not cfg.model:
                 raise BetaPRMInputError(f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)")
             prm = prm or _load(cfg)
-            _score_in_place(prm, records, cfg.batch_size)
+            _score_in_place(prm, records, cfg.batch_size, path)
         before = checker.failed
         pools = check_pools(records, final_answer, checker.check_many)
         res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
@@ -121,10 +121,14 @@ def _load(cfg):
     return load_prm(cfg.model, device)[0]
 
 
-def _score_in_place(prm, records, batch_size):
-    from ..scoring import score_traces
+def _score_in_place(prm, records, batch_size, path):
+    from ..scoring import _pool_images, score_traces
 
-    flat = score_traces(prm, [(r["question"], c["steps"]) for r in records for c in r["candidates"]], batch_size=batch_size)
+    if prm.is_vision:
+        traces = [(r["question"], c["steps"], _pool_images(r, path)) for r in records for c in r["candidates"]]
+    else:
+        traces = [(r["question"], c["steps"]) for r in records for c in r["candidates"]]
+    flat = score_traces(prm, traces, batch_size=batch_size)
     it = iter(flat)
     for r in records:
         for c in r["candidates"]:
