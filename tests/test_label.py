@@ -110,3 +110,17 @@ def test_label_and_aca_help(flag, capsys):
             main([cmd, flag])
         assert e.value.code == 0
     assert "--continuation" in capsys.readouterr().out
+
+
+def test_label_with_a_local_transformers_policy(tmp_path):
+    """`betaprm label --backend transformers` on a tiny random causal LM: every step gets
+    N checked continuations (a random model states no answer, so K is 0 and nothing fails)."""
+    from tests.helpers import make_lm_dir
+
+    lm = make_lm_dir(tmp_path / "lm")
+    src = tmp_path / "t.jsonl"
+    src.write_text(json.dumps({"id": "a", "question": "What is 1 + 2?", "answer": "3", "steps": ["1 + 2 = 3", "The answer is \\boxed{3}"]}) + "\n")
+    out = tmp_path / "o.jsonl"
+    assert main(["label", "--backend", "transformers", "--policy", str(lm), "--input", str(src), "--out", str(out), "--n", "3", "--max-new-tokens", "8"]) == 0
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["mc_total"] == [3, 3] and rec["mc_correct"][1] == 3 and 0 <= rec["mc_correct"][0] <= 3
