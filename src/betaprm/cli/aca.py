@@ -98,25 +98,14 @@ def read_problems(path: str) -> list:
     """Text problems (id, question, answer) with file:line errors."""
     from ..aca import Task
     from ..errors import BetaPRMInputError
+    from ._jsonl import read_objects
 
     tasks, seen = [], set()
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError as e:
-                raise BetaPRMInputError(f"{path}:{i}: not valid JSON ({e.msg}); each line must be one problem object") from None
-            for k in ("id", "question"):
-                if not isinstance(r.get(k), (str, int)) or r.get(k) == "":
-                    raise BetaPRMInputError(f"{path}:{i}: field {k!r} is missing or empty; each problem needs id, question and answer")
-            if r.get("answer") is None:
-                raise BetaPRMInputError(f"{path}:{i}: field 'answer' is missing; ACA's accuracy needs the reference answer")
-            if str(r["id"]) in seen:
-                raise BetaPRMInputError(f"{path}:{i}: id {r['id']!r} appears twice; ids must be unique")
-            seen.add(str(r["id"]))
-            tasks.append(Task(str(r["id"]), str(r["question"]), str(r["answer"])))
+    for where, r in read_objects(path, ("id", "question", "answer"), "id, question and answer (the reference, for ACA's accuracy)"):
+        if str(r["id"]) in seen:
+            raise BetaPRMInputError(f"{where}: id {r['id']!r} appears twice; ids must be unique")
+        seen.add(str(r["id"]))
+        tasks.append(Task(str(r["id"]), str(r["question"]), str(r["answer"])))
     return tasks
 
 

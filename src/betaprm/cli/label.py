@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from ..generation.factory import BackendOptions
@@ -65,33 +64,23 @@ def add_arguments(parser):
 def read_traces(path: str) -> list:
     from ..errors import BetaPRMInputError
     from ..label import LabelItem
+    from ._jsonl import read_objects
 
     items, seen = [], set()
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError as e:
-                raise BetaPRMInputError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-            where = f"{path}:{i}"
-            for k in ("id", "question", "answer"):
-                if r.get(k) in (None, ""):
-                    raise BetaPRMInputError(f"{where}: field {k!r} is missing or empty; each line needs id, question, answer and steps or candidates")
-            if "steps" in r:
-                traces = [(str(r["id"]), r["steps"])]
-            elif isinstance(r.get("candidates"), list):
-                traces = [(f"{r['id']}/{j}", (c or {}).get("steps")) for j, c in enumerate(r["candidates"])]
-            else:
-                raise BetaPRMInputError(f"{where}: neither 'steps' nor 'candidates' is present")
-            for tid, steps in traces:
-                if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
-                    raise BetaPRMInputError(f"{where}: trace {tid!r}: steps must be a non-empty list of non-empty strings")
-                if tid in seen:
-                    raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")
-                seen.add(tid)
-                items.append(LabelItem(tid, str(r["question"]), list(steps), str(r["answer"]), source=r.get("source")))
+    for where, r in read_objects(path, ("id", "question", "answer"), "id, question, answer and steps or candidates"):
+        if "steps" in r:
+            traces = [(str(r["id"]), r["steps"])]
+        elif isinstance(r.get("candidates"), list):
+            traces = [(f"{r['id']}/{j}", (c or {}).get("steps")) for j, c in enumerate(r["candidates"])]
+        else:
+            raise BetaPRMInputError(f"{where}: neither 'steps' nor 'candidates' is present")
+        for tid, steps in traces:
+            if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+                raise BetaPRMInputError(f"{where}: trace {tid!r}: steps must be a non-empty list of non-empty strings")
+            if tid in seen:
+                raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")
+            seen.add(tid)
+            items.append(LabelItem(tid, str(r["question"]), list(steps), str(r["answer"]), source=r.get("source")))
     return items
 
 

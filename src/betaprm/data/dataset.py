@@ -67,15 +67,8 @@ def encode_records(prm, records: Sequence[Record], max_length: int, truncation: 
         encoded = encode_traces(prm.tokenizer, marker_id, [(r.question, r.steps) for r in batch], prm.config.trace_format)
         for r, ids in zip(batch, encoded):
             kept_ids, kept = fit_to_length(ids, marker_id, max_length, prm.config.marker_repeat)
-            if kept < len(r.steps):
-                if truncation == "reject" or kept == 0:
-                    stats.rejected_too_long += 1
-                    continue
-                stats.truncated_records += 1
-                stats.dropped_steps += len(r.steps) - kept
-            examples.append({"input_ids": kept_ids, "mc_correct": list(r.mc_correct[:kept]), "mc_total": list(r.mc_total[:kept])})
-            stats.records += 1
-            stats.steps += kept
+            if _count(stats, r, kept, truncation):
+                examples.append({"input_ids": kept_ids, "mc_correct": list(r.mc_correct[:kept]), "mc_total": list(r.mc_total[:kept])})
         if progress is not None:
             progress(len(batch))
     return CountsDataset(examples, stats)
@@ -106,6 +99,19 @@ class MultimodalCountsDataset(torch.utils.data.Dataset):
         return ex
 
 
+def _count(stats: EncodeStats, r, kept: int, truncation: str) -> bool:
+    """Record what truncation did to ``r`` (``kept`` whole steps fit); False: leave it out."""
+    if kept < len(r.steps):
+        if truncation == "reject" or kept == 0:
+            stats.rejected_too_long += 1
+            return False
+        stats.truncated_records += 1
+        stats.dropped_steps += len(r.steps) - kept
+    stats.records += 1
+    stats.steps += kept
+    return True
+
+
 def _encode_multimodal_records(prm, records, max_length, truncation, stats, progress):
     from ..vision import encode_multimodal
 
@@ -113,15 +119,8 @@ def _encode_multimodal_records(prm, records, max_length, truncation, stats, prog
     for r in records:
         ids = encode_multimodal(prm, [(r.question, r.steps, r.images)])["input_ids"][0].tolist()
         _, kept = fit_to_length(ids, prm.config.marker_id, max_length, prm.config.marker_repeat)
-        if kept < len(r.steps):
-            if truncation == "reject" or kept == 0:
-                stats.rejected_too_long += 1
-                continue
-            stats.truncated_records += 1
-            stats.dropped_steps += len(r.steps) - kept
-        items.append((r.question, list(r.steps[:kept]), list(r.images), list(r.mc_correct[:kept]), list(r.mc_total[:kept])))
-        stats.records += 1
-        stats.steps += kept
+        if _count(stats, r, kept, truncation):
+            items.append((r.question, list(r.steps[:kept]), list(r.images), list(r.mc_correct[:kept]), list(r.mc_total[:kept])))
         if progress is not None:
             progress(1)
     return MultimodalCountsDataset(prm, items, stats)
