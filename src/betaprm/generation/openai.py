@@ -62,7 +62,7 @@ class OpenAIGenerator:
         if s.top_k > 0:
             body["top_k"] = s.top_k  # vLLM/SGLang extension; OpenAI itself ignores it
         if req.seed is not None:
-            body["seed"] = req.seed * 1009 + copy
+            body["seed"] = (req.seed * 1009 + copy) % 2**31  # servers take a 32-bit seed
         if self.endpoint == "chat":
             msgs, prefilled = self.fmt.messages(req.question, list(req.prefix))
             body["messages"] = msgs
