@@ -213,6 +213,9 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
         kappa_star = np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e6)
         res["spearman_kappa_bayes"] = spearman(kappa, kappa_star)
         res["spearman_sigma_bayes_std"] = spearman(sigma, np.sqrt(bv))
+        # kappa is fitted to how far the counts fall from this model's own mu, so it should
+        # track the model's own error, which includes its bias against the Bayes mean.
+        res["spearman_sigma_own_error"] = spearman(sigma, np.abs(mu - q))
         a, b = mu * kappa + 1e-6, (1 - mu) * kappa + 1e-6
         lo, hi = beta_dist.ppf(0.05, a, b), beta_dist.ppf(0.95, a, b)
         tol = 1e-6  # q is exactly 0 or 1 once the outcome is settled; a Beta puts no mass there
@@ -472,6 +475,7 @@ def format_results(r: dict) -> str:
         ["NLL of counts (standard: binomial at mu)", f"{cs['bb_nll']:.3f}", f"{cb['bb_nll']:.3f}"],
         ["Spearman(kappa, kappa*)", "-", f"{cb['spearman_kappa_bayes']:.3f}"],
         ["Spearman(sigma, Bayes std)", "-", f"{cb['spearman_sigma_bayes_std']:.3f}"],
+        ["Spearman(sigma, |mu - q|), its own error", "-", f"{cb['spearman_sigma_own_error']:.3f}"],
         ["90% interval coverage of q (Bayes)", "-", f"{cb['coverage90']:.3f} ({cb['bayes_coverage90']:.3f})"],
         ["90% interval mean width (Bayes)", "-", f"{cb['width90']:.3f} ({cb['bayes_width90']:.3f})"],
     ]
