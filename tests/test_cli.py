@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+
 from betaprm.cli import main
 
 
@@ -74,8 +75,8 @@ def test_bad_input_exits_2_with_one_message(tmp_path):
 
 
 def test_config_file_then_flags(tmp_path, capsys):
-    from betaprm.cli import build_parser
     from betaprm.cli._config import config_from_args
+    from betaprm.cli import build_parser
     from betaprm.demo import DemoConfig
 
     cfg = tmp_path / "c.yaml"

@@ -3,13 +3,7 @@
 import numpy as np
 import pytest
 
-from betaprm.evaluation.metrics import (
-    auroc,
-    bootstrap_ci,
-    paired_bootstrap,
-    spearman,
-    within_problem_auroc,
-)
+from betaprm.evaluation.metrics import auroc, bootstrap_ci, paired_bootstrap, spearman, within_problem_auroc
 
 
 def test_auroc_by_hand():

@@ -1,12 +1,6 @@
 """betaprm: process reward models that report how reliable each step reward is."""
 
-from .beta import (
-    beta_binomial_nll,
-    beta_interval,
-    beta_std,
-    evidence_regularizer,
-    soft_ce_loss,
-)
+from .beta import beta_binomial_nll, beta_interval, beta_std, evidence_regularizer, soft_ce_loss
 from .errors import BetaPRMInputError
 from .formatting import TraceFormat, format_trace
 from .model import BetaPRM, BetaPRMConfig

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -198,13 +198,20 @@ class _State:
         scores = candidate_scores(pool, cfg.final, cfg.final_lam, cfg.final_tau)
         chosen = int(np.argmax(scores))
         ans = self.cands[chosen].answer
+        verdict: dict = {}  # one check per distinct final answer: many candidates share one
+
+        def check(a):
+            if a not in verdict:
+                verdict[a] = is_correct(self.task, a)
+            return verdict[a]
+
         rec = {
             "id": self.task.id,
             "question": self.task.question,
             "answer": self.task.answer,
             "chosen": chosen,
             "chosen_answer": ans,
-            "correct": is_correct(self.task, ans),
+            "correct": check(ans),
             "stop_reason": self.stop_reason,
             "pool_size": len(self.cands),
             "tokens": self.tokens,
@@ -213,8 +220,8 @@ class _State:
         if write_candidates:
             rec["candidates"] = [
                 {"steps": c.steps, "round": c.round, "parent": c.parent, "cut": c.cut, "n_tokens": c.n_tokens, "answer": c.answer,
-                 "correct": rec["correct"] if i == chosen else is_correct(self.task, c.answer), **c.scores.to_dict()}
-                for i, c in enumerate(self.cands)
+                 "correct": check(c.answer), **c.scores.to_dict()}
+                for c in self.cands
             ]
         return rec
 
@@ -313,6 +320,3 @@ def summarize(records: Sequence[dict]) -> dict:
         "stop_reasons": reasons,
     }
 
-
-def config_dict(cfg: ACAConfig) -> dict:
-    return asdict(cfg)

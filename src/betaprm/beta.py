@@ -22,10 +22,10 @@ import torch
 
 __all__ = [
     "beta_binomial_nll",
-    "beta_interval",
-    "beta_std",
     "evidence_regularizer",
     "soft_ce_loss",
+    "beta_std",
+    "beta_interval",
 ]
 
 # Below this argument lgamma differences are computed directly; at and above it a

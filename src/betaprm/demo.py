@@ -239,7 +239,7 @@ def _table(rows, headers):
 def _aca(world, test_p, test_pools, hits, models, tuned, tokenizer, seed, n_candidates):
     """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
     pools, S_RB) against ACA and its ablations, each with accuracy, CI and tokens."""
-    from .aca import ACAConfig, run_aca
+    from .aca import ACAConfig, run_aca, summarize
     from .evaluation.metrics import bootstrap_ci
     from .scoring import PRMScorer
     from .selection import candidate_scores
@@ -266,13 +266,11 @@ def _aca(world, test_p, test_pools, hits, models, tuned, tokenizer, seed, n_cand
         policy = SynthPolicy(world, seed=seed * 7919 + 21, count_tokens=count)
         recs = run_aca(tasks, policy, PRMScorer(models[model], 64), acfg, synth_answer, synth_is_correct, progress=False)
         hit = np.array([float(r["correct"]) for r in recs])
-        tokens = int(sum(r["tokens"] for r in recs))
-        reasons: dict = {}
-        for r in recs:
-            reasons[r["stop_reason"]] = reasons.get(r["stop_reason"], 0) + 1
-        table[name] = {"acc": float(hit.mean()), "ci": list(bootstrap_ci(hit, seed=seed)), "tokens": tokens,
-                       "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"], "mean_pool_size": float(np.mean([r["pool_size"] for r in recs])),
-                       "stop_reasons": reasons}
+        summ = summarize(recs)
+        tokens = summ["tokens"]
+        table[name] = {"acc": summ["acc"], "ci": list(bootstrap_ci(hit, seed=seed)), "tokens": tokens,
+                       "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"], "mean_pool_size": summ["mean_pool_size"],
+                       "stop_reasons": summ["stop_reasons"]}
         if name == "aca":  # the same pools, final choice by S_lin (the ablation's shared rule)
             lin = [float(bool(r["candidates"][int(np.argmax(candidate_scores([_scores(c) for c in r["candidates"]], "lin", 0.5)))]["correct"])) for r in recs]
             table["aca_lin"] = {"acc": float(np.mean(lin)), "ci": list(bootstrap_ci(np.array(lin), seed=seed)), "tokens": tokens, "token_reduction": table[name]["token_reduction"]}

@@ -98,6 +98,22 @@ def format_trace(question: str, steps: Sequence[str], fmt: TraceFormat = TraceFo
     return text
 
 
+def check_markers(encoded: Sequence[Sequence[int]], traces: Sequence[tuple], marker_id: int, fmt: TraceFormat) -> None:
+    """Every encoded trace must hold ``len(steps) * marker_repeat`` marker tokens, or its
+    scores would not line up with its steps."""
+    for trace, ids in zip(traces, encoded):
+        question, steps = trace[0], trace[1]
+        found = sum(1 for t in ids if t == marker_id)
+        if found != len(steps) * fmt.marker_repeat:
+            raise BetaPRMInputError(
+                f"the formatted trace holds {found} marker tokens for {len(steps)} steps "
+                f"(x{fmt.marker_repeat} markers each), so scores "
+                f"would not line up with steps (question {question!r:.60}). The tokenizer, chat "
+                f"template or processor changed the marker {fmt.marker!r}; check that it is a special token of "
+                "this tokenizer and that the chat template keeps the assistant text verbatim."
+            )
+
+
 def encode_traces(
     tokenizer, marker_id: int, traces: Sequence[tuple[str, Sequence[str]]], fmt: TraceFormat = TraceFormat()
 ) -> list[list[int]]:
@@ -106,16 +122,7 @@ def encode_traces(
     texts = [format_trace(q, s, fmt, tokenizer) for q, s in traces]
     # A chat template already writes the special tokens it wants (BOS and turn tags).
     encoded = tokenizer(texts, add_special_tokens=not fmt.chat_template)["input_ids"]
-    for (question, steps), ids in zip(traces, encoded):
-        found = sum(1 for t in ids if t == marker_id)
-        if found != len(steps) * fmt.marker_repeat:
-            raise BetaPRMInputError(
-                f"the formatted trace holds {found} marker tokens for {len(steps)} steps "
-                f"(x{fmt.marker_repeat} markers each), so scores "
-                f"would not line up with steps (question {question!r:.60}). The tokenizer or chat "
-                f"template changed the marker {fmt.marker!r}; check that it is a special token of "
-                "this tokenizer and that the chat template keeps the assistant text verbatim."
-            )
+    check_markers(encoded, traces, marker_id, fmt)
     return encoded
 
 

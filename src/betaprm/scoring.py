@@ -78,6 +78,13 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
+def split_by_trace(out, n: int) -> list[StepScores]:
+    """A forward pass's per-marker outputs (row-major) -> one ``StepScores`` per trace."""
+    counts = torch.bincount(out.row, minlength=n).tolist()
+    mus, kappas = out.mu.float().cpu().split(counts), out.kappa.float().cpu().split(counts)
+    return [StepScores.from_mu_kappa(m.numpy(), k.numpy()) for m, k in zip(mus, kappas)]
+
+
 def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int = 16, progress=None) -> list[StepScores]:
     """Score already-encoded traces (lists of token ids with marker tokens).
 
@@ -95,11 +102,8 @@ def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int = 1
             ids, mask = pad_batch([token_ids[i] for i in batch], pad)
             with _autocast(device):
                 out = prm(ids.to(device, non_blocking=True), attention_mask=mask.to(device, non_blocking=True))
-            counts = torch.bincount(out.row, minlength=len(batch)).tolist()
-            mus = out.mu.float().cpu().split(counts)
-            kappas = out.kappa.float().cpu().split(counts)
-            for r, i in enumerate(batch):
-                results[i] = StepScores.from_mu_kappa(mus[r].numpy(), kappas[r].numpy())
+            for i, sc in zip(batch, split_by_trace(out, len(batch))):
+                results[i] = sc
             if progress is not None:
                 progress(len(batch))
     finally:
@@ -115,8 +119,6 @@ def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: i
 
         return score_multimodal(prm, traces, batch_size=batch_size)
     if any(len(t) > 2 and t[2] for t in traces):
-        from .errors import BetaPRMInputError
-
         raise BetaPRMInputError("traces with images need a vision-language BetaPRM; this one is text-only")
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(t[0], t[1]) for t in traces], prm.config.trace_format)
     return score_token_ids(prm, ids, batch_size=batch_size, progress=progress)

@@ -24,6 +24,7 @@ import torch
 from .errors import BetaPRMInputError
 
 VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.")  # the vision encoders
+PROCESSOR_SETTINGS = ("image_seq_length",)  # processor attributes that are not its parts
 PROJECTOR_PARTS = ("merger.", "multi_modal_projector.", "mlp1.")  # trained with the LM
 
 
@@ -76,16 +77,15 @@ def load_processor(path, tokenizer, processor_class: str | None = None, processo
     if not processor_class:
         raise BetaPRMInputError(f"{pre}: no processor_class; pass processor= to BetaPRM.from_backbone")
     kwargs = dict(processor_kwargs or {})
-    if (path / "processor_config.json").is_file():
-        for k, v in json.loads((path / "processor_config.json").read_text()).items():
-            if k in ("image_seq_length",):
-                kwargs.setdefault(k, v)
+    if not kwargs and (path / "processor_config.json").is_file():  # a checkpoint's own settings
+        saved = json.loads((path / "processor_config.json").read_text())
+        kwargs = {k: saved[k] for k in PROCESSOR_SETTINGS if k in saved}
     return build_processor(processor_class, AutoImageProcessor.from_pretrained(path), tokenizer, **kwargs)
 
 
 def processor_kwargs(processor) -> dict:
     """Settings of the processor itself that must survive save/load."""
-    return {k: getattr(processor, k) for k in ("image_seq_length",) if hasattr(processor, k)}
+    return {k: getattr(processor, k) for k in PROCESSOR_SETTINGS if hasattr(processor, k)}
 
 
 def image_placeholder(processor) -> str:
@@ -114,7 +114,7 @@ def encode_multimodal(prm, traces: Sequence[tuple], images=None) -> dict:
     """Processor inputs for ``(question, steps[, image paths])`` traces, one batch:
     ``input_ids``, ``attention_mask`` (right padding), ``pixel_values`` and, for Qwen2-VL
     models, ``image_grid_thw``. Every trace is checked to hold one marker run per step."""
-    from .formatting import format_trace
+    from .formatting import check_markers, format_trace
 
     proc = prm.processor
     fmt = prm.config.trace_format
@@ -128,11 +128,7 @@ def encode_multimodal(prm, traces: Sequence[tuple], images=None) -> dict:
         flat.extend(paths)
     proc.tokenizer.padding_side = "right"
     enc = proc(text=texts, images=load_images(flat) if flat else None, return_tensors="pt", padding=True)
-    ids = enc["input_ids"]
-    found = (ids == prm.config.marker_id).sum(dim=1).tolist()
-    for tr, f in zip(traces, found):
-        if f != len(tr[1]) * fmt.marker_repeat:
-            raise BetaPRMInputError(f"a formatted multimodal trace holds {f} marker tokens for {len(tr[1])} steps; the processor split or merged the marker")
+    check_markers(enc["input_ids"].tolist(), traces, prm.config.marker_id, fmt)
     return dict(enc)
 
 
@@ -152,7 +148,7 @@ def freeze_vision(backbone, train_vision: bool = False) -> int:
 
 def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8):
     """``StepScores`` for ``(question, steps, image paths)`` traces, in order."""
-    from .scoring import StepScores, _autocast
+    from .scoring import _autocast, split_by_trace
 
     out: list = []
     was = prm.training
@@ -163,9 +159,7 @@ def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8):
             enc = {k: v.to(prm.device) for k, v in encode_multimodal(prm, chunk).items()}
             with torch.no_grad(), _autocast(prm.device):
                 res = prm(**enc)
-            counts = torch.bincount(res.row, minlength=len(chunk)).tolist()
-            for mu, kappa in zip(res.mu.float().cpu().split(counts), res.kappa.float().cpu().split(counts)):
-                out.append(StepScores.from_mu_kappa(mu.numpy(), kappa.numpy()))
+            out.extend(split_by_trace(res, len(chunk)))
     finally:
         prm.train(was)
     return out

@@ -98,7 +98,7 @@ def read_problems(path: str) -> list:
     """Text problems (id, question, answer) with file:line errors."""
     from ..aca import Task
     from ..errors import BetaPRMInputError
-    from ._jsonl import read_objects
+    from ..data.records import read_objects
 
     tasks, seen = [], set()
     for where, r in read_objects(path, ("id", "question", "answer"), "id, question and answer (the reference, for ACA's accuracy)"):

@@ -64,7 +64,7 @@ def add_arguments(parser):
 def read_traces(path: str) -> list:
     from ..errors import BetaPRMInputError
     from ..label import LabelItem
-    from ._jsonl import read_objects
+    from ..data.records import read_objects
 
     items, seen = [], set()
     for where, r in read_objects(path, ("id", "question", "answer"), "id, question, answer and steps or candidates"):

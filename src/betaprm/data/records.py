@@ -220,6 +220,22 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any, Problem | None]]:
                 yield i, None, Problem(i, "(line)", f"not valid JSON ({e.msg} at column {e.colno})", "fix the JSON syntax on this line")
 
 
+def read_objects(path, required: tuple[str, ...] = (), what: str = "one JSON object") -> Iterator[tuple[str, dict]]:
+    """(``path:line``, object) for each non-blank line of a JSONL input that is not a
+    training record (problems, traces, benchmark items): stops at the first bad line with
+    the line, the field and ``what`` a line needs; ``required`` fields must be non-empty."""
+    for i, obj, problem in iter_jsonl(Path(path)):
+        where = f"{path}:{i}"
+        if problem is not None:
+            raise BetaPRMInputError(f"{where}: {problem.message}; each line must be {what}")
+        if not isinstance(obj, dict):
+            raise BetaPRMInputError(f"{where}: each line must be a JSON object with {what}")
+        for k in required:
+            if obj.get(k) in (None, ""):
+                raise BetaPRMInputError(f"{where}: field {k!r} is missing or empty; each line needs {what}")
+        yield where, obj
+
+
 def _fail_message(source: str, rejected: list[tuple[int, list[Problem]]]) -> str:
     probs = [p for _, ps in rejected for p in ps]
     shown = "\n  ".join(p.render(source) for p in probs[:MAX_SHOWN])

@@ -16,7 +16,6 @@ Metrics (neutral steps, label 0, ignored):
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,32 +39,24 @@ class BenchItem:
 def read_visualprocessbench(path) -> list[BenchItem]:
     """VisualProcessBench records: ``question``, ``response`` with ``steps`` and
     ``process_correctness``, ``data_source``, optional ``image`` (str or list) and ``id``."""
+    from ..data.records import read_objects
+
     items, path = [], Path(path)
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{i}"
-            try:
-                r = json.loads(line)
-            except ValueError as e:
-                raise BetaPRMInputError(f"{where}: not valid JSON ({e.msg})") from None
-            resp = r.get("response")
-            if not isinstance(resp, dict):
-                raise BetaPRMInputError(f"{where}: field 'response' must be an object with 'steps' and 'process_correctness'")
-            steps, labels = resp.get("steps"), resp.get("process_correctness")
-            if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
-                raise BetaPRMInputError(f"{where}: response.steps must be a non-empty list of non-empty strings")
-            if not isinstance(labels, list) or len(labels) != len(steps):
-                raise BetaPRMInputError(f"{where}: response.process_correctness must have one label per step ({len(steps)} steps, got {labels!r:.80})")
-            if any(lab not in (1, 0, -1) for lab in labels):
-                raise BetaPRMInputError(f"{where}: response.process_correctness holds {sorted(set(labels) - {1, 0, -1})}; allowed: 1 (correct), 0 (neutral), -1 (incorrect)")
-            if not isinstance(r.get("question"), str):
-                raise BetaPRMInputError(f"{where}: field 'question' is missing")
-            image = r.get("image") or r.get("images") or []
-            images = [image] if isinstance(image, str) else list(image)
-            images = [str(p if Path(p).is_absolute() else path.parent / p) for p in images]
-            items.append(BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images))
+    for i, (where, r) in enumerate(read_objects(path, ("question",), "a VisualProcessBench item (question, response, data_source)"), 1):
+        resp = r.get("response")
+        if not isinstance(resp, dict):
+            raise BetaPRMInputError(f"{where}: field 'response' must be an object with 'steps' and 'process_correctness'")
+        steps, labels = resp.get("steps"), resp.get("process_correctness")
+        if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+            raise BetaPRMInputError(f"{where}: response.steps must be a non-empty list of non-empty strings")
+        if not isinstance(labels, list) or len(labels) != len(steps):
+            raise BetaPRMInputError(f"{where}: response.process_correctness must have one label per step ({len(steps)} steps, got {labels!r:.80})")
+        if any(lab not in (1, 0, -1) for lab in labels):
+            raise BetaPRMInputError(f"{where}: response.process_correctness holds {sorted(set(labels) - {1, 0, -1})}; allowed: 1 (correct), 0 (neutral), -1 (incorrect)")
+        image = r.get("image") or r.get("images") or []
+        images = [image] if isinstance(image, str) else list(image)
+        images = [str(p if Path(p).is_absolute() else path.parent / p) for p in images]
+        items.append(BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images))
     return items
 
 

@@ -67,7 +67,7 @@ class WorldConfig:
             raise BetaPRMInputError("bad world config: " + "; ".join(p))
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "world config") -> WorldConfig:
+    def from_dict(cls, data: dict, source: str = "world config") -> "WorldConfig":
         if not isinstance(data, dict):
             raise BetaPRMInputError(f"{source}: expected a JSON object, got {type(data).__name__}")
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
@@ -76,7 +76,7 @@ class WorldConfig:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, path) -> WorldConfig:
+    def from_json(cls, path) -> "WorldConfig":
         p = Path(path)
         if not p.is_file():
             raise BetaPRMInputError(f"--world-config {path}: no such file")
