@@ -55,7 +55,17 @@ def test_demo_quick_end_to_end(tmp_path):
     assert CAL_KEYS <= set(r["calibration"]["standard_prm"]) and BETA_KEYS <= set(r["calibration"]["betaprm"])
     assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
     assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]
-    for png in ("kappa_dynamics.png", "reliability.png", "kappa_vs_bayes.png", "best_of_n.png"):
+    # The ACA table (issue 5): every variant with accuracy, interval and tokens; no variant
+    # spends more than Best-of-16, whose tokens are the pools' own.
+    aca = r["aca"]
+    assert {"vanilla_bon", "aca", "aca_no_early_stop", "aca_reward_only", "aca_proxy"} <= set(aca)
+    for k in ("vanilla_bon", "aca", "aca_no_early_stop", "aca_reward_only", "aca_proxy"):
+        v = aca[k]
+        assert {"acc", "ci", "tokens"} <= set(v) and 0 <= v["ci"][0] <= v["acc"] <= v["ci"][1] <= 1 and v["tokens"] > 0
+        assert v["tokens"] <= aca["vanilla_bon"]["tokens"] * 1.01
+    assert aca["aca_reward_only"]["mean_pool_size"] == 4.0  # sigma = 0: the paper's test stops at n0
+    assert "Adaptive Computation Allocation" in res.stdout
+    for png in ("kappa_dynamics.png", "reliability.png", "kappa_vs_bayes.png", "best_of_n.png", "aca_tokens.png"):
         assert (tmp_path / "d" / png).stat().st_size > 1000
     from betaprm import BetaPRM
 
