@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import torch
 
 from betaprm.cli import main
 
@@ -82,6 +83,11 @@ def test_bad_input_exits_2_with_one_message(tmp_path):
     assert res.returncode == 2 and "unknown keys ['near_mis']" in res.stderr
     res = run_cli("demo", "--prm-steps", "0")
     assert res.returncode == 2 and "prm_steps must be >= 1, got 0" in res.stderr
+    res = run_cli("demo", "--device", "tpu")
+    assert res.returncode == 2 and "device must be cpu, cuda or auto, got 'tpu'" in res.stderr
+    if not torch.cuda.is_available():
+        res = run_cli("demo", "--device", "cuda", "--out", str(tmp_path / "never"))
+        assert res.returncode == 2 and "torch sees no CUDA GPU here" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_config_file_then_flags(tmp_path, capsys):

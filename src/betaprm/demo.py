@@ -58,14 +58,24 @@ class DemoConfig:
     kappa_detach: bool = _f(True, "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)")
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
+    device: str = _f("cpu", "cpu, cuda or auto (cuda when a GPU is present). The README's tables come from cpu; on a GPU the same steps run in fp32, much faster, with numbers that differ slightly")
     backbone: str | None = _f(None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining")
 
     def __post_init__(self):
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) < 1]
         if self.n_candidates < 2:
             bad.append("n_candidates must be >= 2 for Best-of-N")
+        if self.device not in ("cpu", "cuda", "auto"):
+            bad.append(f"device must be cpu, cuda or auto, got {self.device!r}")
         if bad:
             raise BetaPRMInputError("bad demo configuration: " + "; ".join(bad))
+
+    def torch_device(self) -> str:
+        import torch
+
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise BetaPRMInputError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
+        return "cuda" if self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available()) else "cpu"
 
     def effective(self) -> DemoConfig:
         if not self.quick:
@@ -102,7 +112,7 @@ def _records(world, label_policy, traces, mc_n, prefix):
 
 
 # ---------------------------------------------------------------------------- backbone
-def _pretrain(cfg, world, tokenizer, marker, log):
+def _pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     """A small Llama trained as a language model on error-free traces, in the PRM's format."""
     import torch
 
@@ -112,7 +122,7 @@ def _pretrain(cfg, world, tokenizer, marker, log):
     from .tiny import tiny_causal_lm
 
     torch.manual_seed(cfg.seed)
-    model = tiny_causal_lm(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=4, max_position_embeddings=512, seed=cfg.seed).train()
+    model = tiny_causal_lm(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=4, max_position_embeddings=512, seed=cfg.seed).to(device).train()
     clean = SynthPolicy(world, seed=cfg.seed + 101, error_boost=0.0)
     marker_id = tokenizer.convert_tokens_to_ids(marker)
     fmt = TraceFormat(marker=marker, marker_repeat=cfg.marker_repeat)  # the PRM's layout
@@ -128,6 +138,7 @@ def _pretrain(cfg, world, tokenizer, marker, log):
         chunk = problems[s * batch : (s + 1) * batch]
         ids = encode_traces(tokenizer, marker_id, [(p.question, clean.sample_traces(p, 1)[0].steps) for p in chunk], fmt)
         x, mask = pad_batch(ids, tokenizer.pad_token_id)
+        x, mask = x.to(device), mask.to(device)
         labels = x.masked_fill(mask == 0, -100)
         loss = model(input_ids=x, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
@@ -137,7 +148,7 @@ def _pretrain(cfg, world, tokenizer, marker, log):
         sched.step()
         if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
             log(f"  pretraining step {s + 1}/{steps}  loss {loss.item():.3f}  ({time.perf_counter() - t0:.0f}s)")
-    return model.eval()
+    return model.cpu().eval()
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -298,6 +309,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
 
     t_start = time.perf_counter()
     eff = cfg.effective()
+    device = cfg.torch_device()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -309,7 +321,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    log(f"betaprm {_version()} demo ({'quick' if cfg.quick else 'default'} run, seed {cfg.seed}) -> {out}")
+    log(f"betaprm {_version()} demo ({'quick' if cfg.quick else 'default'} run, seed {cfg.seed}, {device}) -> {out}")
 
     # 1. data
     t0 = time.perf_counter()
@@ -352,7 +364,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         eff = replace(eff, hidden_size=backbone.config.hidden_size, num_layers=backbone.config.num_hidden_layers)
         log(f"backbone: reusing {cfg.backbone}")
     else:
-        backbone = _pretrain(eff, world, tokenizer, marker, log)
+        backbone = _pretrain(eff, world, tokenizer, marker, log, device)
     backbone.save_pretrained(out / "backbone")
     tokenizer.save_pretrained(out / "backbone")
     n_params = sum(p.numel() for p in backbone.parameters())
@@ -365,7 +377,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         t0 = time.perf_counter()
         tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
                          learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
-                         logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=True,
+                         logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
                          seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
                          kappa_detach=eff.kappa_detach and objective == "beta-binomial")
         prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True)
