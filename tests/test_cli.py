@@ -53,6 +53,13 @@ def test_demo_quick_end_to_end(tmp_path):
     for v in r["bon"].values():
         assert set(v) == {"acc", "ci"} and 0 <= v["ci"][0] <= v["acc"] <= v["ci"][1] <= 1
     assert set(r["verification"]) >= {"standard_prm_auroc", "betaprm_auroc"}
+    # First-error detection against the truth: the exact Bayes belief drops at nearly every
+    # visible error (a misaligned step or label would put it near 0.5).
+    v = r["verification"]
+    assert v["bayes_first_error_auroc"] > 0.95 and 0 <= v["standard_prm_first_error_auroc"] <= 1 and 0 <= v["betaprm_first_error_auroc"] <= 1
+    for name in ("standard_prm", "betaprm"):
+        bias = r["clean_bias_by_step"][name]
+        assert 4 <= len(bias) <= 8 and all(-1 <= b <= 1 for b in bias)
     assert CAL_KEYS <= set(r["calibration"]["standard_prm"]) and BETA_KEYS <= set(r["calibration"]["betaprm"])
     assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
     assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]

@@ -241,6 +241,35 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
     return res, (mu, q, kappa, bm, bv)
 
 
+def _step_diagnostics(pools, scores):
+    """Where a PRM's mu goes wrong, from the truth of each step.
+
+    ``first_error_auroc``: at verifiable steps k >= 1 whose prefix is error-free, the AUROC
+    of the drop in logit mu from step k-1 to k for erroneous against correct steps (does the
+    step score catch the first error; the Bayes belief catches nearly all).
+    ``clean_bias_by_step``: mean of mu - Bayes mean at step k on error-free prefixes, per k
+    (a PRM that checks each step but trusts long traces less than it should drifts down).
+    ``scores`` is per pool a list of per-trace mu arrays."""
+    from .evaluation.metrics import auroc
+
+    drops, errs, bias = [], [], {}
+    for pool, sc in zip(pools, scores):
+        p = pool.problem
+        truth = p.true_values()
+        for tr, mu, bayes in zip(pool.traces, sc, pool.bayes):
+            logit = np.log(np.clip(mu, 1e-6, 1 - 1e-6)) - np.log(np.clip(1 - mu, 1e-6, 1 - 1e-6))
+            prev = p.start
+            for k in range(p.T):
+                if p.ops[k][0] != "?" and k >= 1:
+                    drops.append(logit[k - 1] - logit[k])
+                    errs.append(tr.values[k] != p.apply(k, prev) % p.modulus)
+                if tr.values[k] != truth[k]:
+                    break  # the prefix is no longer error-free
+                bias.setdefault(k + 1, []).append(mu[k] - bayes[0][k])
+                prev = tr.values[k]
+    return {"first_error_auroc": auroc(drops, errs), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
+
+
 def _table(rows, headers):
     widths = [max(len(str(r[i])) for r in [headers] + rows) for i in range(len(headers))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
@@ -420,6 +449,10 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in sc[name]["test"]], labels) for name in models
     }
     verification["bayes_auroc"] = within_problem_auroc([[b[0][-1] for b in p.bayes] for p in test_pools], labels)
+    steps = {name: _step_diagnostics(test_pools, [[s.mu for s in pool] for pool in sc[name]["test"]]) for name in models}
+    steps["bayes"] = _step_diagnostics(test_pools, [[b[0] for b in p.bayes] for p in test_pools])
+    for name, d in steps.items():
+        verification[f"{name}_first_error_auroc"] = d["first_error_auroc"]
     calibration, arrays = {}, {}
     for name in models:
         calibration[name], arrays[name] = _calibration(test_pools, sc[name]["test"], held_records, held[name], beta=name == "betaprm")
@@ -430,6 +463,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         "tuned": {"rb": {"lambda": tuned["rb"].lam, "q": tuned["rb"].q, "tau": tuned["rb"].tau, "val_acc": tuned["rb"].val_accuracy},
                   "lin": {"lambda": tuned["lin"].lam, "val_acc": tuned["lin"].val_accuracy}, "reliability_vote_lambda": tuned["rel_vote_lam"]},
         "verification": verification, "calibration": calibration,
+        "clean_bias_by_step": {name: d["clean_bias_by_step"] for name, d in steps.items() if name != "bayes"},
     }
     if eff.aca:
         t0 = time.perf_counter()
@@ -476,7 +510,15 @@ def format_results(r: dict) -> str:
     parts.append(f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}")
     v = r["verification"]
     parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
-    parts.append(_table([["standard PRM", f"{v['standard_prm_auroc']:.3f}"], ["BetaPRM", f"{v['betaprm_auroc']:.3f}"], ["Bayes belief", f"{v['bayes_auroc']:.3f}"]], ["model", "AUROC"]))
+    if "bayes_first_error_auroc" in v:
+        parts.append(_table([[m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"] for m, k in (("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes"))],
+                            ["model", "AUROC", "first-error AUROC"]))
+        parts.append("first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps")
+        for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM")):
+            parts.append(f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
+                         + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name]))
+    else:
+        parts.append(_table([["standard PRM", f"{v['standard_prm_auroc']:.3f}"], ["BetaPRM", f"{v['betaprm_auroc']:.3f}"], ["Bayes belief", f"{v['bayes_auroc']:.3f}"]], ["model", "AUROC"]))
     cs, cb = r["calibration"]["standard_prm"], r["calibration"]["betaprm"]
     parts.append("\nCalibration against the truth (test pools; NLL on held-out MC counts)")
     rows = [

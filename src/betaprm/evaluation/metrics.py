@@ -33,9 +33,11 @@ def auroc(scores, labels) -> float:
     pos, neg = s[y], s[~y]
     if len(pos) == 0 or len(neg) == 0:
         return float("nan")
-    gt = (pos[:, None] > neg[None, :]).sum()
-    eq = (pos[:, None] == neg[None, :]).sum()
-    return float((gt + 0.5 * eq) / (len(pos) * len(neg)))
+    from scipy.stats import rankdata
+
+    # Mann-Whitney through average ranks: the same value as counting pairs, in O(n log n).
+    ranks = rankdata(np.concatenate([pos, neg]))
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
 def within_problem_auroc(scores: Sequence, labels: Sequence) -> float:
