@@ -14,6 +14,19 @@ def test_auroc_by_hand():
     assert within_problem_auroc([[0.9, 0.1], [0.2, 0.8], [0.5, 0.6]], [[1, 0], [1, 0], [1, 1]]) == pytest.approx(0.5)
 
 
+def test_auroc_equals_counting_pairs_with_ties():
+    # auroc goes through average ranks; it must equal the definition, ties counting 1/2.
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(2, 40))
+        s, y = rng.integers(0, 5, n).astype(float), rng.random(n) < 0.5
+        if y.all() or not y.any():
+            continue
+        pos, neg = s[y], s[~y]
+        pairs = ((pos[:, None] > neg[None]).sum() + 0.5 * (pos[:, None] == neg[None]).sum()) / (len(pos) * len(neg))
+        assert auroc(s, y) == pytest.approx(pairs, abs=1e-12)
+
+
 def test_bootstrap_intervals():
     hits = np.array([1] * 80 + [0] * 20)
     lo, hi = bootstrap_ci(hits, n_boot=4000, seed=1)
