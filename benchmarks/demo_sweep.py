@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     grid = json.loads(Path(args.grid).read_text())
     todo = [(name, settings, seed) for seed in args.seeds for name, settings in grid.items()]
     results: dict = {name: {} for name in grid}
+    summary: dict = {}
     with ThreadPoolExecutor(args.jobs) as pool:
         for fut in as_completed([pool.submit(run_one, *t, args) for t in todo]):
             name, seed, res, how = fut.result()

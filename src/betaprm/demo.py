@@ -262,7 +262,7 @@ def _step_diagnostics(pools, scores):
             for k in range(p.T):
                 if p.ops[k][0] != "?" and k >= 1:
                     drops.append(logit[k - 1] - logit[k])
-                    errs.append(tr.values[k] != p.apply(k, prev) % p.modulus)
+                    errs.append(tr.values[k] != p.apply(k, prev))
                 if tr.values[k] != truth[k]:
                     break  # the prefix is no longer error-free
                 bias.setdefault(k + 1, []).append(mu[k] - bayes[0][k])
@@ -510,15 +510,12 @@ def format_results(r: dict) -> str:
     parts.append(f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}")
     v = r["verification"]
     parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
-    if "bayes_first_error_auroc" in v:
-        parts.append(_table([[m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"] for m, k in (("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes"))],
-                            ["model", "AUROC", "first-error AUROC"]))
-        parts.append("first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps")
-        for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM")):
-            parts.append(f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
-                         + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name]))
-    else:
-        parts.append(_table([["standard PRM", f"{v['standard_prm_auroc']:.3f}"], ["BetaPRM", f"{v['betaprm_auroc']:.3f}"], ["Bayes belief", f"{v['bayes_auroc']:.3f}"]], ["model", "AUROC"]))
+    parts.append(_table([[m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"] for m, k in (("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes"))],
+                        ["model", "AUROC", "first-error AUROC"]))
+    parts.append("first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps")
+    for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM")):
+        parts.append(f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
+                     + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name]))
     cs, cb = r["calibration"]["standard_prm"], r["calibration"]["betaprm"]
     parts.append("\nCalibration against the truth (test pools; NLL on held-out MC counts)")
     rows = [
