@@ -57,6 +57,13 @@ def test_demo_quick_end_to_end(tmp_path):
     # visible error (a misaligned step or label would put it near 0.5).
     v = r["verification"]
     assert v["bayes_first_error_auroc"] > 0.95 and 0 <= v["standard_prm_first_error_auroc"] <= 1 and 0 <= v["betaprm_first_error_auroc"] <= 1
+    # Split by the parity of the error offset: the exact belief sees both kinds; the
+    # parity-check observer sees odd offsets and is blind to even ones (its drop at an
+    # even-offset error is the drop it would show at a correct step), and is a weaker verifier.
+    assert v["bayes_first_error_auroc_odd"] > 0.95 and v["bayes_first_error_auroc_even"] > 0.9
+    assert v["parity_check_first_error_auroc_odd"] > 0.95 and v["parity_check_first_error_auroc_even"] < 0.7
+    assert v["parity_check_auroc"] < v["bayes_auroc"] and 0 < v["parity_check_mu_mae_bayes"] < 0.2
+    assert "parity-check observer" in res.stdout
     for name in ("standard_prm", "betaprm"):
         bias = r["clean_bias_by_step"][name]
         assert 4 <= len(bias) <= 8 and all(-1 <= b <= 1 for b in bias)

@@ -183,3 +183,50 @@ def test_policy_is_a_generator_and_keeps_prefixes():
     for c in comps:
         assert len(c.steps) == p.T + 1 - 2 and c.n_tokens == sum(len(s) for s in c.steps)
         assert c.steps[0].split()[1] == tr.steps[1].split()[-1]  # continues from the written value
+
+
+def _brute_partial_belief(w, p, values, check_mod):
+    """Mean of q for an observer who sees each verifiable step's error only modulo
+    ``check_mod`` (and nothing of a recall step), by enumerating level and every error."""
+    M, t = w.M, len(values)
+    prior = [1 - w.cfg.p_hard, w.cfg.p_hard]
+    if p.visible:
+        prior = [float(p.level == 0), float(p.level == 1)]
+    seen, prev = [], p.start
+    for s in range(t):
+        seen.append((values[s] - p.apply(s, prev)) % M)
+        prev = values[s]
+    P = w.q_table(p)
+    num = den = 0.0
+    for z in (0, 1):
+        for errs in itertools.product(range(M), repeat=t):
+            if any(p.ops[s][0] != "?" and e % check_mod != seen[s] % check_mod for s, e in enumerate(errs)):
+                continue
+            prob, d = prior[z], 0
+            for s, e in enumerate(errs):
+                prob *= w.kernel[z, OPS.index(p.ops[s][0]), e]
+                op, k = p.ops[s]
+                d = (((d * k) if op == "*" else d) + e) % M
+            num += prob * P[t, z, d]
+            den += prob
+    return num / den
+
+
+def test_partial_check_observer_matches_brute_force():
+    """The diagnostic observer with a coarse step check (check_mod divides the modulus):
+    check_mod = modulus is the exact filter, 1 learns nothing from any step."""
+    w = World(dataclasses.replace(SMALL, modulus=6))
+    checked = 0
+    for i, ops in enumerate(itertools.product([("+", 2), ("*", 3), ("*", 5), ("?", 0)], repeat=3)):
+        p = Problem("t", 1, list(ops), [4 if o == "?" else 0 for o, _ in ops], i % 2, i % 3 == 0, 6)
+        for tr in SynthPolicy(w, seed=i).sample_traces(p, 1):
+            exact = w.bayes_belief(p, tr.values)[0]
+            np.testing.assert_allclose(w.bayes_belief(p, tr.values, check_mod=6)[0], exact)
+            for c in (1, 2, 3, 6):
+                means = w.bayes_belief(p, tr.values, check_mod=c)[0]
+                for t in range(1, p.T + 1):
+                    assert means[t - 1] == pytest.approx(_brute_partial_belief(w, p, tr.values[:t], c), abs=1e-10)
+                    checked += 1
+    assert checked > 300
+    with pytest.raises(ValueError, match="divide the modulus 6"):
+        w.bayes_belief(p, tr.values, check_mod=4)

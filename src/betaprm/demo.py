@@ -42,6 +42,7 @@ class DemoConfig:
     n_train_problems: int = _f(3000, "training problems")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
     error_boost: float = _f(2.0, "training traces only: multiply the error rates of verifiable steps (+, *) by this: more errors a PRM can see")
+    train_near_miss: float | None = _f(None, "training traces only: share of errors that are off by +-1 (default: the world's near_miss); lower puts more errors that keep the result's parity into training")
     n_val_problems: int = _f(300, "validation problems (selector tuning)")
     n_test_problems: int = _f(1000, "test problems (Best-of-N pools)")
     n_candidates: int = _f(16, "candidates per pool")
@@ -65,6 +66,8 @@ class DemoConfig:
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) < 1]
         if self.n_candidates < 2:
             bad.append("n_candidates must be >= 2 for Best-of-N")
+        if self.train_near_miss is not None and not 0 <= self.train_near_miss <= 1:
+            bad.append(f"train_near_miss must be in [0, 1], got {self.train_near_miss}")
         if self.device not in ("cpu", "cuda", "auto"):
             bad.append(f"device must be cpu, cuda or auto, got {self.device!r}")
         if bad:
@@ -92,6 +95,7 @@ class Pool:
     correct: np.ndarray
     q_true: list = field(default_factory=list)
     bayes: list = field(default_factory=list)  # per trace: (mean, var, lo, hi)
+    parity: list = field(default_factory=list)  # per trace: mean q of an observer who checks only parity
 
 
 def _pools(world, policy, problems, n):
@@ -99,9 +103,21 @@ def _pools(world, policy, problems, n):
     for p in problems:
         traces = policy.sample_traces(p, n)
         table = world.q_table(p)
+        parity = [world.bayes_belief(p, t.values, table, check_mod=2)[0] for t in traces] if world.M % 2 == 0 else []
         pools.append(Pool(p, traces, [t.final for t in traces], np.array([t.correct for t in traces]),
-                          [world.true_q(p, t.values, table) for t in traces], [world.bayes_summary(p, t.values, 0.9, table) for t in traces]))
+                          [world.true_q(p, t.values, table) for t in traces], [world.bayes_summary(p, t.values, 0.9, table) for t in traces], parity))
     return pools
+
+
+def _train_traces(world, problems, eff, seed):
+    """The PRMs' training traces: the policy with verifiable errors enriched by
+    ``error_boost`` and, with ``train_near_miss``, another mix of error offsets. Their labels
+    always come from the world's own policy (``_records``), so K of N stays the truth."""
+    from .synth import SynthPolicy, World
+
+    train_world = world if eff.train_near_miss is None else World(replace(world.cfg, near_miss=eff.train_near_miss))
+    boosted = SynthPolicy(train_world, seed=seed, error_boost=eff.error_boost)
+    return [t for p in problems for t in boosted.sample_traces(p, eff.traces_per_train_problem)]
 
 
 def _records(world, label_policy, traces, mc_n, prefix):
@@ -247,12 +263,16 @@ def _step_diagnostics(pools, scores):
     ``first_error_auroc``: at verifiable steps k >= 1 whose prefix is error-free, the AUROC
     of the drop in logit mu from step k-1 to k for erroneous against correct steps (does the
     step score catch the first error; the Bayes belief catches nearly all).
+    ``first_error_auroc_odd`` / ``_even`` (even modulus only): the same, erroneous steps
+    split by the parity of their error offset against all correct steps. An odd offset
+    changes the parity of the result, an even one keeps it: a PRM that checks only the
+    parity (the mod-2 half of arithmetic mod 10) catches the first and misses the second.
     ``clean_bias_by_step``: mean of mu - Bayes mean at step k on error-free prefixes, per k
     (a PRM that checks each step but trusts long traces less than it should drifts down).
     ``scores`` is per pool a list of per-trace mu arrays."""
     from .evaluation.metrics import auroc
 
-    drops, errs, bias = [], [], {}
+    drops, errs, offs, bias = [], [], [], {}
     for pool, sc in zip(pools, scores):
         p = pool.problem
         truth = p.true_values()
@@ -263,11 +283,18 @@ def _step_diagnostics(pools, scores):
                 if p.ops[k][0] != "?" and k >= 1:
                     drops.append(logit[k - 1] - logit[k])
                     errs.append(tr.values[k] != p.apply(k, prev))
+                    offs.append((tr.values[k] - p.apply(k, prev)) % p.modulus)
                 if tr.values[k] != truth[k]:
                     break  # the prefix is no longer error-free
                 bias.setdefault(k + 1, []).append(mu[k] - bayes[0][k])
                 prev = tr.values[k]
-    return {"first_error_auroc": auroc(drops, errs), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
+    out = {"first_error_auroc": auroc(drops, errs), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
+    if pools and pools[0].problem.modulus % 2 == 0:
+        drops, offs = np.array(drops), np.array(offs)
+        for name, keep in (("odd", offs % 2 == 1), ("even", (offs % 2 == 0) & (offs > 0))):
+            sel = keep | (offs == 0)
+            out[f"first_error_auroc_{name}"] = auroc(drops[sel], offs[sel] > 0) if keep.any() else float("nan")
+    return out
 
 
 def _table(rows, headers):
@@ -359,8 +386,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     val_p = world.sample_problems(eff.n_val_problems, s + 2, "val")
     test_p = world.sample_problems(eff.n_test_problems, s + 3, "test")
     label_policy = SynthPolicy(world, seed=s + 11)
-    boosted = SynthPolicy(world, seed=s + 12, error_boost=eff.error_boost)
-    train_traces = [t for p in train_p for t in boosted.sample_traces(p, eff.traces_per_train_problem)]
+    train_traces = _train_traces(world, train_p, eff, s + 12)
     train_records = _records(world, label_policy, train_traces, world_cfg.mc_n, "train")
     pool_policy = SynthPolicy(world, seed=s + 13)
     val_pools = _pools(world, pool_policy, val_p, eff.n_candidates)
@@ -451,8 +477,18 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     verification["bayes_auroc"] = within_problem_auroc([[b[0][-1] for b in p.bayes] for p in test_pools], labels)
     steps = {name: _step_diagnostics(test_pools, [[s.mu for s in pool] for pool in sc[name]["test"]]) for name in models}
     steps["bayes"] = _step_diagnostics(test_pools, [[b[0] for b in p.bayes] for p in test_pools])
+    if test_pools[0].parity:
+        steps["parity_check"] = _step_diagnostics(test_pools, [p.parity for p in test_pools])
     for name, d in steps.items():
-        verification[f"{name}_first_error_auroc"] = d["first_error_auroc"]
+        for k, v in d.items():
+            if k.startswith("first_error_auroc"):
+                verification[f"{name}_{k}"] = v
+    if test_pools[0].parity:
+        # The ceiling of a parity-only step check: the best belief of an observer who sees
+        # each verifiable step's error only modulo 2 (design.md section 6, "Where mu goes wrong").
+        verification["parity_check_auroc"] = within_problem_auroc([[m[-1] for m in p.parity] for p in test_pools], labels)
+        verification["parity_check_mu_mae_bayes"] = float(np.abs(np.concatenate([m for p in test_pools for m in p.parity])
+                                                                - np.concatenate([b[0] for p in test_pools for b in p.bayes])).mean())
     calibration, arrays = {}, {}
     for name in models:
         calibration[name], arrays[name] = _calibration(test_pools, sc[name]["test"], held_records, held[name], beta=name == "betaprm")
@@ -463,7 +499,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         "tuned": {"rb": {"lambda": tuned["rb"].lam, "q": tuned["rb"].q, "tau": tuned["rb"].tau, "val_acc": tuned["rb"].val_accuracy},
                   "lin": {"lambda": tuned["lin"].lam, "val_acc": tuned["lin"].val_accuracy}, "reliability_vote_lambda": tuned["rel_vote_lam"]},
         "verification": verification, "calibration": calibration,
-        "clean_bias_by_step": {name: d["clean_bias_by_step"] for name, d in steps.items() if name != "bayes"},
+        "clean_bias_by_step": {name: d["clean_bias_by_step"] for name, d in steps.items() if name in models},
     }
     if eff.aca:
         t0 = time.perf_counter()
@@ -510,9 +546,17 @@ def format_results(r: dict) -> str:
     parts.append(f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}")
     v = r["verification"]
     parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
-    parts.append(_table([[m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"] for m, k in (("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes"))],
-                        ["model", "AUROC", "first-error AUROC"]))
-    parts.append("first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps")
+    split = "betaprm_first_error_auroc_odd" in v
+    names = [("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes")]
+    if "parity_check_auroc" in v:
+        names.append(("parity-check observer", "parity_check"))
+    rows = [[m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"] + ([f"{v[k + '_first_error_auroc_odd']:.3f}", f"{v[k + '_first_error_auroc_even']:.3f}"] if split else [])
+            for m, k in names]
+    parts.append(_table(rows, ["model", "AUROC", "first-error AUROC"] + (["odd offset", "even offset"] if split else [])))
+    parts.append("first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps;"
+                 " odd / even: errors whose offset changes / keeps the parity of the result")
+    if "parity_check_auroc" in v:
+        parts.append(f"parity-check observer: the best belief given only the parity of each step's error (mu MAE vs Bayes mean {v['parity_check_mu_mae_bayes']:.3f})")
     for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM")):
         parts.append(f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
                      + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name]))

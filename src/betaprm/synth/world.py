@@ -282,7 +282,7 @@ class World:
         q = np.array([P[t + 1, problem.level, d[t]] for t in range(len(values))])
         return np.append(q, q[-1]) if len(values) == problem.T else q
 
-    def _posteriors(self, problem: Problem, values: Sequence[int]):
+    def _posteriors(self, problem: Problem, values: Sequence[int], check_mod: int | None = None):
         """The posterior over (z, d) after each written value, from what a PRM sees.
 
         Reads ``problem.ops`` (visible), ``problem.level`` only when ``visible``, and never
@@ -290,7 +290,13 @@ class World:
         recompute the result), which updates the belief about z; a recall step reveals
         nothing (its written value is uniform because h is hidden), so the offset belief
         is convolved with each level's error kernel.
+
+        ``check_mod``: an observer with a partial check, who sees a verifiable step's error
+        only modulo this divisor of the modulus (2: parity only). It is the best belief of
+        a PRM whose step check is that coarse (a diagnostic, not the Bayes belief).
         """
+        if check_mod is not None and (check_mod < 1 or self.M % check_mod):
+            raise ValueError(f"check_mod must divide the modulus {self.M}, got {check_mod}")
         M = self.M
         if problem.visible:
             prior_z = np.eye(2)[problem.level]
@@ -303,7 +309,13 @@ class World:
             op, _ = problem.ops[s]
             o = OPS.index(op)
             base = self._next_offset(problem, s, np.arange(M))
-            errs = range(M) if op == "?" else [(w - problem.apply(s, prev)) % M]
+            seen = (w - problem.apply(s, prev)) % M
+            if op == "?":
+                errs = range(M)
+            elif check_mod is None:
+                errs = [seen]
+            else:  # every error with the same residue looks alike to this observer
+                errs = [e for e in range(M) if e % check_mod == seen % check_mod]
             new = np.zeros_like(post)
             for z in range(2):
                 for e in errs:
@@ -312,12 +324,13 @@ class World:
             prev = w
             yield post
 
-    def bayes_belief(self, problem: Problem, values: Sequence[int], table: np.ndarray | None = None):
+    def bayes_belief(self, problem: Problem, values: Sequence[int], table: np.ndarray | None = None, check_mod: int | None = None):
         """Mean and variance of q_t under the Bayes posterior, per step; for a full trace
-        (T values) the answer step repeats step T: (T+1,) each."""
+        (T values) the answer step repeats step T: (T+1,) each. ``check_mod``: see
+        ``_posteriors`` (the belief of an observer with a partial step check)."""
         P = self.q_table(problem) if table is None else table
         means, vars_ = [], []
-        for s, post in enumerate(self._posteriors(problem, values)):
+        for s, post in enumerate(self._posteriors(problem, values, check_mod)):
             q = P[s + 1]  # (2, M)
             m = float((post * q).sum())
             means.append(m)

@@ -1,0 +1,51 @@
+"""The demo's training data: the offset mix of the training traces, labels from the world's own policy."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from betaprm.demo import DemoConfig, _records, _train_traces
+from betaprm.errors import BetaPRMInputError
+from betaprm.synth import SynthPolicy, World
+
+
+def _offsets(world, traces):
+    """Error offsets of the verifiable steps, each against the value written before."""
+    out = []
+    for t in traces:
+        p, prev = t.problem, t.problem.start
+        for k in range(p.T):
+            if p.ops[k][0] != "?":
+                out.append((t.values[k] - p.apply(k, prev)) % world.M)
+            prev = t.values[k]
+    return np.array(out)
+
+
+def test_train_near_miss_changes_the_training_traces_only():
+    w = World()
+    problems = w.sample_problems(300, 5, "t")
+    cfg = replace(DemoConfig(), traces_per_train_problem=2)
+    default = _train_traces(w, problems, cfg, 12)
+    policy = SynthPolicy(w, seed=12, error_boost=cfg.error_boost)
+    same = [t for p in problems for t in policy.sample_traces(p, 2)]
+    assert [t.steps for t in default] == [t.steps for t in same]  # the default is the world's own offset mix
+
+    off = _offsets(w, default)
+    near = np.isin(off, (1, w.M - 1)).sum() / max((off > 0).sum(), 1)
+    assert 0.45 < near < 0.75  # the world's near_miss, 0.6
+
+    far = _train_traces(w, problems, replace(cfg, train_near_miss=0.0), 12)
+    off = _offsets(w, far)
+    assert (off > 0).sum() > 100 and not np.isin(off, (1, w.M - 1)).any()
+    assert ((off > 0) & (off % 2 == 0)).sum() > 50  # errors that keep the parity of the result
+
+    # The labels still come from the world's policy: an answer step's count is all or nothing.
+    recs = _records(w, SynthPolicy(w, seed=11), far[:40], 8, "x")
+    for t, r in zip(far[:40], recs):
+        assert r["mc_correct"][-1] == (8 if t.correct else 0)
+
+
+def test_train_near_miss_must_be_a_probability():
+    with pytest.raises(BetaPRMInputError, match="train_near_miss must be in"):
+        DemoConfig(train_near_miss=-0.1)
