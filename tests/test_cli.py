@@ -65,6 +65,9 @@ def test_demo_quick_end_to_end(tmp_path):
     assert v["parity_check_auroc"] < v["bayes_auroc"] and 0 < v["parity_check_mu_mae_bayes"] < 0.2
     assert "parity-check observer" in res.stdout
     for name in ("standard_prm", "betaprm"):
+        assert 0 <= r["calibration"][name]["mu_mae_parity_check"] < 1
+    assert -1 <= r["calibration"]["betaprm"]["spearman_kappa_parity_check"] <= 1
+    for name in ("standard_prm", "betaprm"):
         bias = r["clean_bias_by_step"][name]
         assert 4 <= len(bias) <= 8 and all(-1 <= b <= 1 for b in bias)
     assert CAL_KEYS <= set(r["calibration"]["standard_prm"]) and BETA_KEYS <= set(r["calibration"]["betaprm"])

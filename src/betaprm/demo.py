@@ -95,7 +95,7 @@ class Pool:
     correct: np.ndarray
     q_true: list = field(default_factory=list)
     bayes: list = field(default_factory=list)  # per trace: (mean, var, lo, hi)
-    parity: list = field(default_factory=list)  # per trace: mean q of an observer who checks only parity
+    parity: list = field(default_factory=list)  # per trace: (mean, var) of q for an observer who checks only parity
 
 
 def _pools(world, policy, problems, n):
@@ -103,7 +103,7 @@ def _pools(world, policy, problems, n):
     for p in problems:
         traces = policy.sample_traces(p, n)
         table = world.q_table(p)
-        parity = [world.bayes_belief(p, t.values, table, check_mod=2)[0] for t in traces] if world.M % 2 == 0 else []
+        parity = [world.bayes_belief(p, t.values, table, check_mod=2) for t in traces] if world.M % 2 == 0 else []
         pools.append(Pool(p, traces, [t.final for t in traces], np.array([t.correct for t in traces]),
                           [world.true_q(p, t.values, table) for t in traces], [world.bayes_summary(p, t.values, 0.9, table) for t in traces], parity))
     return pools
@@ -233,6 +233,10 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
     hmu = np.concatenate([s.mu for s in held_scores])
     hkappa = np.concatenate([s.kappa for s in held_scores])
     res = {"mu_mae_bayes": float(np.abs(mu - bm).mean()), "mu_mae_true": float(np.abs(mu - q).mean())}
+    if pools[0].parity:  # against the best belief of an observer whose step check sees only parity
+        pm = np.concatenate([m[0] for p in pools for m in p.parity])
+        pv = np.concatenate([m[1] for p in pools for m in p.parity])
+        res["mu_mae_parity_check"] = float(np.abs(mu - pm).mean())
     if beta:
         import torch
 
@@ -240,6 +244,8 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
         kappa_star = np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e6)
         res["spearman_kappa_bayes"] = spearman(kappa, kappa_star)
         res["spearman_sigma_bayes_std"] = spearman(sigma, np.sqrt(bv))
+        if pools[0].parity:
+            res["spearman_kappa_parity_check"] = spearman(kappa, np.where(pv > 1e-12, pm * (1 - pm) / np.maximum(pv, 1e-12) - 1, 1e6))
         # kappa is fitted to how far the counts fall from this model's own mu, so it should
         # track the model's own error, which includes its bias against the Bayes mean.
         res["spearman_sigma_own_error"] = spearman(sigma, np.abs(mu - q))
@@ -478,7 +484,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     steps = {name: _step_diagnostics(test_pools, [[s.mu for s in pool] for pool in sc[name]["test"]]) for name in models}
     steps["bayes"] = _step_diagnostics(test_pools, [[b[0] for b in p.bayes] for p in test_pools])
     if test_pools[0].parity:
-        steps["parity_check"] = _step_diagnostics(test_pools, [p.parity for p in test_pools])
+        steps["parity_check"] = _step_diagnostics(test_pools, [[m[0] for m in p.parity] for p in test_pools])
     for name, d in steps.items():
         for k, v in d.items():
             if k.startswith("first_error_auroc"):
@@ -486,8 +492,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     if test_pools[0].parity:
         # The ceiling of a parity-only step check: the best belief of an observer who sees
         # each verifiable step's error only modulo 2 (design.md section 6, "Where mu goes wrong").
-        verification["parity_check_auroc"] = within_problem_auroc([[m[-1] for m in p.parity] for p in test_pools], labels)
-        verification["parity_check_mu_mae_bayes"] = float(np.abs(np.concatenate([m for p in test_pools for m in p.parity])
+        verification["parity_check_auroc"] = within_problem_auroc([[m[0][-1] for m in p.parity] for p in test_pools], labels)
+        verification["parity_check_mu_mae_bayes"] = float(np.abs(np.concatenate([m[0] for p in test_pools for m in p.parity])
                                                                 - np.concatenate([b[0] for p in test_pools for b in p.bayes])).mean())
     calibration, arrays = {}, {}
     for name in models:
@@ -567,6 +573,8 @@ def format_results(r: dict) -> str:
         ["mu MAE vs true q", f"{cs['mu_mae_true']:.3f}", f"{cb['mu_mae_true']:.3f}"],
         ["NLL of counts (standard: binomial at mu)", f"{cs['bb_nll']:.3f}", f"{cb['bb_nll']:.3f}"],
         ["Spearman(kappa, kappa*)", "-", f"{cb['spearman_kappa_bayes']:.3f}"],
+        *([["mu MAE vs parity-check observer's mean", f"{cs['mu_mae_parity_check']:.3f}", f"{cb['mu_mae_parity_check']:.3f}"],
+           ["Spearman(kappa, parity-check observer's kappa*)", "-", f"{cb['spearman_kappa_parity_check']:.3f}"]] if "mu_mae_parity_check" in cb else []),
         ["Spearman(sigma, Bayes std)", "-", f"{cb['spearman_sigma_bayes_std']:.3f}"],
         ["Spearman(sigma, |mu - q|), its own error", "-", f"{cb['spearman_sigma_own_error']:.3f}"],
         ["90% interval coverage of q (Bayes)", "-", f"{cb['coverage90']:.3f} ({cb['bayes_coverage90']:.3f})"],
