@@ -49,3 +49,21 @@ def test_train_near_miss_changes_the_training_traces_only():
 def test_train_near_miss_must_be_a_probability():
     with pytest.raises(BetaPRMInputError, match="train_near_miss must be in"):
         DemoConfig(train_near_miss=-0.1)
+
+
+def test_parity_observer_benchmark(capsys):
+    """benchmarks/parity_observer.py: the observer verifies less well than the Bayes belief
+    and drifts below it on error-free prefixes (it cannot rule out even-offset errors)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("parity_observer", Path(__file__).parents[1] / "benchmarks" / "parity_observer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--problems", "60", "--traces", "6", "--seed", "3"])
+    out = capsys.readouterr().out
+    bayes, parity = map(float, re.search(r"Bayes belief ([\d.]+), parity-check observer ([\d.]+)", out).groups())
+    assert parity < bayes
+    drift = [float(x) for x in out.strip().splitlines()[-1].split(":")[1].split()]
+    assert len(drift) >= 4 and all(d <= 1e-12 for d in drift) and drift[3] < drift[0]
