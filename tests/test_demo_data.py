@@ -67,3 +67,20 @@ def test_parity_observer_benchmark(capsys):
     assert parity < bayes
     drift = [float(x) for x in out.strip().splitlines()[-1].split(":")[1].split()]
     assert len(drift) >= 4 and all(d <= 1e-12 for d in drift) and drift[3] < drift[0]
+
+
+def test_step_diagnostics_split_by_offset_parity_only_for_an_even_modulus():
+    from betaprm.demo import _pools, _step_diagnostics
+    from betaprm.synth import WorldConfig
+
+    for modulus in (5, 6):
+        w = World(WorldConfig(modulus=modulus))
+        pools = _pools(w, SynthPolicy(w, seed=1, error_boost=3.0), w.sample_problems(80, 2, "d"), 6)
+        d = _step_diagnostics(pools, [[b[0] for b in p.bayes] for p in pools])
+        assert d["first_error_auroc"] > 0.9
+        if modulus == 5:
+            assert "first_error_auroc_odd" not in d and not pools[0].parity
+        else:
+            assert d["first_error_auroc_odd"] > 0.9 and d["first_error_auroc_even"] > 0.9
+            par = _step_diagnostics(pools, [[m[0] for m in p.parity] for p in pools])
+            assert par["first_error_auroc_odd"] > 0.9 and par["first_error_auroc_even"] < 0.7

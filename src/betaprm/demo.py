@@ -295,11 +295,13 @@ def _step_diagnostics(pools, scores):
                 bias.setdefault(k + 1, []).append(mu[k] - bayes[0][k])
                 prev = tr.values[k]
     out = {"first_error_auroc": auroc(drops, errs), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
-    if pools and pools[0].problem.modulus % 2 == 0:
-        drops, offs = np.array(drops), np.array(offs)
-        for name, keep in (("odd", offs % 2 == 1), ("even", (offs % 2 == 0) & (offs > 0))):
+    drops, offs = np.array(drops), np.array(offs)
+    odd, even = offs % 2 == 1, (offs % 2 == 0) & (offs > 0)
+    # Only where both kinds of error occurred (an even modulus with enough errors).
+    if pools and pools[0].problem.modulus % 2 == 0 and odd.any() and even.any() and (offs == 0).any():
+        for name, keep in (("odd", odd), ("even", even)):
             sel = keep | (offs == 0)
-            out[f"first_error_auroc_{name}"] = auroc(drops[sel], offs[sel] > 0) if keep.any() else float("nan")
+            out[f"first_error_auroc_{name}"] = auroc(drops[sel], offs[sel] > 0)
     return out
 
 
@@ -491,7 +493,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
                 verification[f"{name}_{k}"] = v
     if test_pools[0].parity:
         # The ceiling of a parity-only step check: the best belief of an observer who sees
-        # each verifiable step's error only modulo 2 (design.md section 6, "Where mu goes wrong").
+        # each verifiable step's error only modulo 2 (README, "Where mu goes wrong").
         verification["parity_check_auroc"] = within_problem_auroc([[m[0][-1] for m in p.parity] for p in test_pools], labels)
         verification["parity_check_mu_mae_bayes"] = float(np.abs(np.concatenate([m[0] for p in test_pools for m in p.parity])
                                                                 - np.concatenate([b[0] for p in test_pools for b in p.bayes])).mean())
@@ -552,7 +554,7 @@ def format_results(r: dict) -> str:
     parts.append(f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}")
     v = r["verification"]
     parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
-    split = "betaprm_first_error_auroc_odd" in v
+    split = all(f"{k}_first_error_auroc_{x}" in v for k in ("standard_prm", "betaprm", "bayes") for x in ("odd", "even"))
     names = [("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes")]
     if "parity_check_auroc" in v:
         names.append(("parity-check observer", "parity_check"))
