@@ -88,6 +88,15 @@ def test_demo_quick_end_to_end(tmp_path):
     from betaprm import BetaPRM
 
     assert BetaPRM.from_pretrained(tmp_path / "d" / "betaprm").config.marker == "<prm>"
+    # benchmarks/parity_observer.py --backbone reads the demo's backbone and finds the
+    # result token of every step (the count is what a tokenizer change would break).
+    bench = subprocess.run([sys.executable, "benchmarks/parity_observer.py", "--problems", "20", "--traces", "4", "--backbone", str(tmp_path / "d" / "backbone")],
+                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    import re
+
+    m = re.search(r"result of ([\d.]+)% of (\d+) verifiable steps and ([\d.]+)% of (\d+) recall steps", bench.stdout)
+    assert m and int(m.group(2)) > 40 and int(m.group(4)) > 5 and float(m.group(1)) > float(m.group(3))
 
 
 def test_bad_input_exits_2_with_one_message(tmp_path):
