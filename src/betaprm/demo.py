@@ -167,6 +167,58 @@ def _pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     return model.cpu().eval()
 
 
+def _backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
+    """The byte-level tokenizer and the pretrained backbone (or ``cfg.backbone`` reused),
+    both saved to ``out/backbone``; returns ``(backbone, tokenizer, eff)`` with ``eff``'s
+    sizes set to the backbone's."""
+    from tokenizers import AddedToken
+
+    from .formatting import format_trace
+    from .tiny import train_bytelevel_tokenizer
+
+    t0 = time.perf_counter()
+    marker = "<prm>"
+    # Trained on traces as the PRM sees them, so "Question:" and "Process:" are tokens too.
+    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in train_traces[:2000]]
+    tokenizer = train_bytelevel_tokenizer(texts, vocab_size=300)
+    tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
+    if cfg.backbone:
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+        if not (Path(cfg.backbone) / "config.json").is_file():
+            raise BetaPRMInputError(f"--backbone {cfg.backbone}: not a saved backbone (config.json missing)")
+        backbone = AutoModelForCausalLM.from_pretrained(cfg.backbone)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.backbone)
+        eff = replace(eff, hidden_size=backbone.config.hidden_size, num_layers=backbone.config.num_hidden_layers)
+        log(f"backbone: reusing {cfg.backbone}")
+    else:
+        backbone = _pretrain(eff, world, tokenizer, marker, log, device)
+    backbone.save_pretrained(out / "backbone")
+    tokenizer.save_pretrained(out / "backbone")
+    n_params = sum(p.numel() for p in backbone.parameters())
+    how = f"from {cfg.backbone}" if cfg.backbone else f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces"
+    log(f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) {how} ({time.perf_counter() - t0:.0f}s)")
+    return backbone, tokenizer, eff
+
+
+def _train_prm(eff, out, name, objective, seed, device, log):
+    """One PRM fine-tuned from ``out/backbone`` on ``out/train_counts.jsonl`` through
+    ``betaprm.train``; returns ``(prm, log_history)``."""
+    from .train import TrainConfig, train
+
+    t0 = time.perf_counter()
+    tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
+                     learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
+                     logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
+                     seed=seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
+                     kappa_detach=eff.kappa_detach and objective == "beta-binomial")
+    prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True)
+    last = [h for h in trainer.state.log_history if "loss" in h][-1]
+    log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
+    return prm.eval(), trainer.state.log_history
+
+
+
 # ---------------------------------------------------------------------------- evaluation
 def _bon(pools, beta_scores, std_scores, tuned, n=None):
     """Per-problem hits (0/1) of every selector on pools cut to their first n candidates."""
@@ -368,8 +420,6 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     from .model import _version
     from .scoring import score_traces
     from .synth import SynthPolicy, World, WorldConfig
-    from .tiny import train_bytelevel_tokenizer
-    from .train import TrainConfig, train
 
     t_start = time.perf_counter()
     eff = cfg.effective()
@@ -407,47 +457,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
         f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} ({time.perf_counter() - t0:.0f}s)")
 
     # 2. tokenizer and pretrained backbone
-    t0 = time.perf_counter()
-    marker = "<prm>"
-    from .formatting import format_trace
-
-    # Trained on traces as the PRM sees them, so "Question:" and "Process:" are tokens too.
-    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in train_traces[:2000]]
-    tokenizer = train_bytelevel_tokenizer(texts, vocab_size=300)
-    from tokenizers import AddedToken
-
-    tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
-    if cfg.backbone:
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-        if not (Path(cfg.backbone) / "config.json").is_file():
-            raise BetaPRMInputError(f"--backbone {cfg.backbone}: not a saved backbone (config.json missing)")
-        backbone = AutoModelForCausalLM.from_pretrained(cfg.backbone)
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.backbone)
-        eff = replace(eff, hidden_size=backbone.config.hidden_size, num_layers=backbone.config.num_hidden_layers)
-        log(f"backbone: reusing {cfg.backbone}")
-    else:
-        backbone = _pretrain(eff, world, tokenizer, marker, log, device)
-    backbone.save_pretrained(out / "backbone")
-    tokenizer.save_pretrained(out / "backbone")
-    n_params = sum(p.numel() for p in backbone.parameters())
-    log(f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) "
-        f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces ({time.perf_counter() - t0:.0f}s)")
+    backbone, tokenizer, eff = _backbone(cfg, eff, world, train_traces, out, log, device)
 
     # 3. the two PRMs, same budget and seed
     models, histories = {}, {}
     for name, objective in (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial")):
-        t0 = time.perf_counter()
-        tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
-                         learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
-                         logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
-                         seed=cfg.seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
-                         kappa_detach=eff.kappa_detach and objective == "beta-binomial")
-        prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True)
-        models[name] = prm.eval()
-        histories[name] = trainer.state.log_history
-        last = [h for h in trainer.state.log_history if "loss" in h][-1]
-        log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
+        models[name], histories[name] = _train_prm(eff, out, name, objective, cfg.seed, device, log)
 
     # 4. scoring
     t0 = time.perf_counter()

@@ -1,0 +1,158 @@
+"""Does a PRM learn to check a step beyond parity? A one-PRM probe of the demo's recipe.
+
+Builds the demo's training data and backbone (or reuses one), fine-tunes one PRM with the
+demo's recipe (any ``betaprm demo`` option below changes it), and reports on fresh problems
+what the README's "Where mu goes wrong" section is about:
+
+- the backbone's own check, before any fine-tuning: first-error AUROC of its surprise at each
+  verifiable step's written result, ``-log p(result | prefix)``, on odd and on even error
+  offsets (the backbone predicts every result of error-free traces, so this is what it knows);
+- the PRM's first-error AUROC on odd and even offsets (the drop in logit ``mu``, as in the
+  demo) and its within-problem AUROC, with the Bayes belief and the parity-check observer
+  beside.
+
+    python benchmarks/step_check_probe.py --out /tmp/probe [--backbone outputs/demo/backbone]
+        [--objective soft-ce] [--prm-steps 1100] [--num-layers 4] [--train-near-miss 0.3] ...
+
+One PRM takes about half the time of ``betaprm demo --no-aca`` (CPU, default sizes: 4-5 min).
+The summary is also written to ``OUT/probe.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+
+from betaprm.demo import DemoConfig, _backbone, _pools, _records, _step_diagnostics, _train_prm, _train_traces
+from betaprm.evaluation.metrics import auroc, within_problem_auroc
+from betaprm.scoring import score_traces
+from betaprm.synth import SynthPolicy, World
+
+
+def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
+    """Per pool, per trace: the backbone's ``-log p`` of each step's written result token
+    (the token after " ="), NaN for steps without one (the answer step)."""
+    import torch
+
+    from betaprm.formatting import TraceFormat, encode_traces
+
+    marker = tokenizer.convert_tokens_to_ids("<prm>")
+    eq = tokenizer.convert_tokens_to_ids("\u0120=")
+    out = []
+    backbone.eval()
+    for pool in pools:
+        ids = encode_traces(tokenizer, marker, [(pool.problem.question, t.steps) for t in pool.traces], TraceFormat(marker_repeat=marker_repeat))
+        per = []
+        for x, tr in zip(ids, pool.traces):
+            with torch.no_grad():
+                logp = torch.log_softmax(backbone(torch.tensor([x])).logits[0], -1)
+            marks = [i for i, t in enumerate(x) if t == marker][marker_repeat - 1 :: marker_repeat]
+            s = np.full(len(tr.steps), np.nan)
+            start = 0
+            for k, m in enumerate(marks):
+                eqs = [i for i in range(start, m) if x[i] == eq]
+                if eqs:  # " =" at i predicts the result token at i + 1
+                    s[k] = -float(logp[eqs[-1], x[eqs[-1] + 1]])
+                start = m + 1
+            per.append(s)
+        out.append(per)
+    return out
+
+
+def first_error_split(pools, scores):
+    """First-error AUROC of a per-step "error" score (higher = more suspect) on odd and even
+    offsets, at verifiable steps whose prefix is error-free (all steps, unlike the demo's
+    drop in mu, which needs step k - 1)."""
+    s_, off = [], []
+    for pool, sc in zip(pools, scores):
+        p = pool.problem
+        truth = p.true_values()
+        for tr, s in zip(pool.traces, sc):
+            prev = p.start
+            for k in range(p.T):
+                if p.ops[k][0] != "?":
+                    s_.append(s[k])
+                    off.append((tr.values[k] - p.apply(k, prev)) % p.modulus)
+                if tr.values[k] != truth[k]:
+                    break
+                prev = tr.values[k]
+    s_, off = np.array(s_), np.array(off)
+    res = {}
+    for name, keep in (("odd", off % 2 == 1), ("even", (off % 2 == 0) & (off > 0))):
+        sel = keep | (off == 0)
+        res[name] = auroc(s_[sel], off[sel] > 0) if keep.any() else float("nan")
+        res[f"n_{name}"] = int(keep.sum())
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for the data, backbone, PRM and probe.json")
+    ap.add_argument("--objective", default="soft-ce", choices=["soft-ce", "beta-binomial"], help="which PRM to train")
+    ap.add_argument("--eval-problems", type=int, default=300, help="fresh evaluation problems")
+    ap.add_argument("--eval-traces", type=int, default=8, help="policy traces per evaluation problem")
+    skip = {"out", "quick", "aca", "n_val_problems", "n_test_problems", "n_candidates", "world_config"}
+    for f in fields(DemoConfig):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        typ = float if f.type in ("float", "float | None") else int if f.type == "int" else str
+        if f.type == "bool":
+            ap.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=f.default, help=f.metadata["help"] + " (true/false)")
+        else:
+            ap.add_argument(flag, type=typ, default=f.default, help=f.metadata["help"])
+    a = ap.parse_args(argv)
+    cfg = DemoConfig(out=a.out, aca=False, **{f.name: getattr(a, f.name) for f in fields(DemoConfig) if f.name not in skip})
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    world = World()
+    t_all = time.perf_counter()
+
+    # the demo's training data (same seeds), then backbone and one PRM
+    s = cfg.seed * 7919
+    train_p = world.sample_problems(cfg.n_train_problems, s + 1, "train")
+    traces = _train_traces(world, train_p, cfg, s + 12)
+    records = _records(world, SynthPolicy(world, seed=s + 11), traces, world.cfg.mc_n, "train")
+    with open(out / "train_counts.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    backbone, tokenizer, eff = _backbone(cfg, cfg, world, traces, out, print, cfg.torch_device())
+    eval_p = world.sample_problems(a.eval_problems, s + 4242, "probe")
+    pools = _pools(world, SynthPolicy(world, seed=s + 4243), eval_p, a.eval_traces)
+    res = {"config": asdict(cfg), "objective": a.objective, "eval_problems": a.eval_problems, "eval_traces": a.eval_traces}
+    res["backbone_surprise_first_error_auroc"] = first_error_split(pools, backbone_surprise(backbone, tokenizer, pools, cfg.marker_repeat))
+    name = "prm"
+    prm, history = _train_prm(eff, out, name, a.objective, cfg.seed, cfg.torch_device(), print)
+    scores = score_traces(prm, [(p.problem.question, t.steps) for p in pools for t in p.traces], batch_size=64)
+    k = a.eval_traces
+    mu = [[sc.mu for sc in scores[i * k : (i + 1) * k]] for i in range(len(pools))]
+    labels = [p.correct for p in pools]
+    res["prm"] = {"within_problem_auroc": within_problem_auroc([[m[-1] for m in pm] for pm in mu], labels),
+                  **{k2: v for k2, v in _step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
+                  "mu_mae_bayes": float(np.mean(np.abs(np.concatenate([m for pm in mu for m in pm]) - np.concatenate([b[0] for p in pools for b in p.bayes]))))}
+    for obs, get in (("bayes", lambda p: [b[0] for b in p.bayes]), ("parity_check", lambda p: [m[0] for m in p.parity])):
+        beliefs = [get(p) for p in pools]
+        res[obs] = {"within_problem_auroc": within_problem_auroc([[b[-1] for b in bp] for bp in beliefs], labels),
+                    **{k2: v for k2, v in _step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")}}
+    res["seconds"] = round(time.perf_counter() - t_all, 1)
+    (out / "probe.json").write_text(json.dumps(res, indent=2) + "\n")
+    b = res["backbone_surprise_first_error_auroc"]
+    print(f"backbone surprise, first-error AUROC: odd {b['odd']:.3f} (n={b['n_odd']}), even {b['even']:.3f} (n={b['n_even']})")
+    for who in ("prm", "bayes", "parity_check"):
+        r = res[who]
+        print(f"{who:>12}: within-problem AUROC {r['within_problem_auroc']:.3f}, first-error AUROC odd {r.get('first_error_auroc_odd', float('nan')):.3f}, "
+              f"even {r.get('first_error_auroc_even', float('nan')):.3f}" + (f", mu MAE vs Bayes {r['mu_mae_bayes']:.3f}" if "mu_mae_bayes" in r else ""))
+    print(f"({res['seconds']:.0f}s)")
+    return res
+
+
+if __name__ == "__main__":
+    main()
