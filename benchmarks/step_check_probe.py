@@ -114,6 +114,10 @@ def main(argv=None):
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     world = World()
     t_all = time.perf_counter()
 
