@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from betaprm.demo import DemoConfig, _backbone, _pools, _records, _step_diagnostics, _train_prm, _train_traces
-from betaprm.evaluation.metrics import auroc, within_problem_auroc
+from betaprm.demo import DemoConfig, _backbone, _pools, _records, _step_diagnostics, _train_prm, _train_traces, clean_prefix_steps, parity_split_auroc
+from betaprm.evaluation.metrics import within_problem_auroc
 from betaprm.scoring import score_traces
 from betaprm.synth import SynthPolicy, World
 
@@ -40,6 +40,7 @@ def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
     import torch
 
     from betaprm.formatting import TraceFormat, encode_traces
+    from betaprm.scoring import pad_batch
 
     marker = tokenizer.convert_tokens_to_ids("<prm>")
     eq = tokenizer.convert_tokens_to_ids("\u0120=")
@@ -47,17 +48,18 @@ def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
     backbone.eval()
     for pool in pools:
         ids = encode_traces(tokenizer, marker, [(pool.problem.question, t.steps) for t in pool.traces], TraceFormat(marker_repeat=marker_repeat))
+        x, mask = pad_batch(ids, tokenizer.pad_token_id)  # right padding: real tokens keep their positions
+        with torch.no_grad():
+            logp = torch.log_softmax(backbone(input_ids=x, attention_mask=mask).logits, -1)
         per = []
-        for x, tr in zip(ids, pool.traces):
-            with torch.no_grad():
-                logp = torch.log_softmax(backbone(torch.tensor([x])).logits[0], -1)
-            marks = [i for i, t in enumerate(x) if t == marker][marker_repeat - 1 :: marker_repeat]
+        for row, (seq, tr) in enumerate(zip(ids, pool.traces)):
+            marks = [i for i, t in enumerate(seq) if t == marker][marker_repeat - 1 :: marker_repeat]
             s = np.full(len(tr.steps), np.nan)
             start = 0
             for k, m in enumerate(marks):
-                eqs = [i for i in range(start, m) if x[i] == eq]
+                eqs = [i for i in range(start, m) if seq[i] == eq]
                 if eqs:  # " =" at i predicts the result token at i + 1
-                    s[k] = -float(logp[eqs[-1], x[eqs[-1] + 1]])
+                    s[k] = -float(logp[row, eqs[-1], seq[eqs[-1] + 1]])
                 start = m + 1
             per.append(s)
         out.append(per)
@@ -66,27 +68,18 @@ def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
 
 def first_error_split(pools, scores):
     """First-error AUROC of a per-step "error" score (higher = more suspect) on odd and even
-    offsets, at verifiable steps whose prefix is error-free (all steps, unlike the demo's
-    drop in mu, which needs step k - 1)."""
+    offsets, at verifiable steps whose prefix is error-free (all of them, unlike the demo's
+    drop in mu, which needs step k - 1), with the number of errors of each kind."""
     s_, off = [], []
     for pool, sc in zip(pools, scores):
-        p = pool.problem
-        truth = p.true_values()
         for tr, s in zip(pool.traces, sc):
-            prev = p.start
-            for k in range(p.T):
-                if p.ops[k][0] != "?":
+            for k, o, verifiable in clean_prefix_steps(pool.problem, tr.values):
+                if verifiable:
                     s_.append(s[k])
-                    off.append((tr.values[k] - p.apply(k, prev)) % p.modulus)
-                if tr.values[k] != truth[k]:
-                    break
-                prev = tr.values[k]
-    s_, off = np.array(s_), np.array(off)
-    res = {}
-    for name, keep in (("odd", off % 2 == 1), ("even", (off % 2 == 0) & (off > 0))):
-        sel = keep | (off == 0)
-        res[name] = auroc(s_[sel], off[sel] > 0) if keep.any() else float("nan")
-        res[f"n_{name}"] = int(keep.sum())
+                    off.append(o)
+    off = np.array(off)
+    res = parity_split_auroc(s_, off)
+    res.update(n_odd=int((off % 2 == 1).sum()), n_even=int(((off % 2 == 0) & (off > 0)).sum()))
     return res
 
 
@@ -133,8 +126,7 @@ def main(argv=None):
     pools = _pools(world, SynthPolicy(world, seed=s + 4243), eval_p, a.eval_traces)
     res = {"config": asdict(cfg), "objective": a.objective, "eval_problems": a.eval_problems, "eval_traces": a.eval_traces}
     res["backbone_surprise_first_error_auroc"] = first_error_split(pools, backbone_surprise(backbone, tokenizer, pools, cfg.marker_repeat))
-    name = "prm"
-    prm, history = _train_prm(eff, out, name, a.objective, cfg.seed, cfg.torch_device(), print)
+    prm, _ = _train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print)
     scores = score_traces(prm, [(p.problem.question, t.steps) for p in pools for t in p.traces], batch_size=64)
     k = a.eval_traces
     mu = [[sc.mu for sc in scores[i * k : (i + 1) * k]] for i in range(len(pools))]
@@ -149,7 +141,7 @@ def main(argv=None):
     res["seconds"] = round(time.perf_counter() - t_all, 1)
     (out / "probe.json").write_text(json.dumps(res, indent=2) + "\n")
     b = res["backbone_surprise_first_error_auroc"]
-    print(f"backbone surprise, first-error AUROC: odd {b['odd']:.3f} (n={b['n_odd']}), even {b['even']:.3f} (n={b['n_even']})")
+    print(f"backbone surprise, first-error AUROC: odd {b.get('odd', float('nan')):.3f} (n={b['n_odd']}), even {b.get('even', float('nan')):.3f} (n={b['n_even']})")
     for who in ("prm", "bayes", "parity_check"):
         r = res[who]
         print(f"{who:>12}: within-problem AUROC {r['within_problem_auroc']:.3f}, first-error AUROC odd {r.get('first_error_auroc_odd', float('nan')):.3f}, "

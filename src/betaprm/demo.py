@@ -178,10 +178,6 @@ def _backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
 
     t0 = time.perf_counter()
     marker = "<prm>"
-    # Trained on traces as the PRM sees them, so "Question:" and "Process:" are tokens too.
-    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in train_traces[:2000]]
-    tokenizer = train_bytelevel_tokenizer(texts, vocab_size=300)
-    tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
     if cfg.backbone:
         from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -192,6 +188,10 @@ def _backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
         eff = replace(eff, hidden_size=backbone.config.hidden_size, num_layers=backbone.config.num_hidden_layers)
         log(f"backbone: reusing {cfg.backbone}")
     else:
+        # Trained on traces as the PRM sees them, so "Question:" and "Process:" are tokens too.
+        texts = [format_trace(t.problem.question, t.steps).replace(marker, " ") for t in train_traces[:2000]]
+        tokenizer = train_bytelevel_tokenizer(texts, vocab_size=300)
+        tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
         backbone = _pretrain(eff, world, tokenizer, marker, log, device)
     backbone.save_pretrained(out / "backbone")
     tokenizer.save_pretrained(out / "backbone")
@@ -216,7 +216,6 @@ def _train_prm(eff, out, name, objective, seed, device, log):
     last = [h for h in trainer.state.log_history if "loss" in h][-1]
     log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
     return prm.eval(), trainer.state.log_history
-
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -330,30 +329,48 @@ def _step_diagnostics(pools, scores):
     ``scores`` is per pool a list of per-trace mu arrays."""
     from .evaluation.metrics import auroc
 
-    drops, errs, offs, bias = [], [], [], {}
+    drops, offs, bias = [], [], {}
     for pool, sc in zip(pools, scores):
-        p = pool.problem
-        truth = p.true_values()
         for tr, mu, bayes in zip(pool.traces, sc, pool.bayes):
             logit = np.log(np.clip(mu, 1e-6, 1 - 1e-6)) - np.log(np.clip(1 - mu, 1e-6, 1 - 1e-6))
-            prev = p.start
-            for k in range(p.T):
-                if p.ops[k][0] != "?" and k >= 1:
+            for k, off, verifiable in clean_prefix_steps(pool.problem, tr.values):
+                if verifiable and k >= 1:
                     drops.append(logit[k - 1] - logit[k])
-                    errs.append(tr.values[k] != p.apply(k, prev))
-                    offs.append((tr.values[k] - p.apply(k, prev)) % p.modulus)
-                if tr.values[k] != truth[k]:
-                    break  # the prefix is no longer error-free
-                bias.setdefault(k + 1, []).append(mu[k] - bayes[0][k])
-                prev = tr.values[k]
-    out = {"first_error_auroc": auroc(drops, errs), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
-    drops, offs = np.array(drops), np.array(offs)
-    odd, even = offs % 2 == 1, (offs % 2 == 0) & (offs > 0)
-    # Only where both kinds of error occurred (an even modulus with enough errors).
-    if pools and pools[0].problem.modulus % 2 == 0 and odd.any() and even.any() and (offs == 0).any():
-        for name, keep in (("odd", odd), ("even", even)):
-            sel = keep | (offs == 0)
-            out[f"first_error_auroc_{name}"] = auroc(drops[sel], offs[sel] > 0)
+                    offs.append(off)
+                if off == 0:
+                    bias.setdefault(k + 1, []).append(mu[k] - bayes[0][k])
+    out = {"first_error_auroc": auroc(drops, np.array(offs) > 0), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
+    # Parity splits arithmetic mod an even modulus only; each kind is reported where it occurred.
+    if pools and pools[0].problem.modulus % 2 == 0:
+        out.update({f"first_error_auroc_{k}": v for k, v in parity_split_auroc(drops, offs).items()})
+    return out
+
+
+def clean_prefix_steps(problem, values):
+    """``(k, offset, verifiable)`` for each step of a trace's written ``values`` up to and
+    including its first error (offset != 0); the offset is the written result minus the
+    correct result of the step applied to the written value before it."""
+    prev = problem.start
+    for k in range(problem.T):
+        off = (values[k] - problem.apply(k, prev)) % problem.modulus
+        yield k, off, problem.ops[k][0] != "?"
+        if off:
+            return  # the prefix is no longer error-free
+        prev = values[k]
+
+
+def parity_split_auroc(scores, offsets) -> dict:
+    """AUROC of ``scores`` (higher = more suspect) for erroneous against correct steps, with
+    the erroneous ones split by the parity of their offset: ``{"odd": .., "even": ..}``, each
+    only where that kind of error and correct steps both occur."""
+    from .evaluation.metrics import auroc
+
+    scores, offs = np.asarray(scores, dtype=float), np.asarray(offsets)
+    out = {}
+    for name, keep in (("odd", offs % 2 == 1), ("even", (offs % 2 == 0) & (offs > 0))):
+        sel = keep | (offs == 0)
+        if keep.any() and (offs == 0).any():
+            out[name] = auroc(scores[sel], offs[sel] > 0)
     return out
 
 
