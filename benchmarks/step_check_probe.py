@@ -83,12 +83,34 @@ def first_error_split(pools, scores):
     return res
 
 
+def _EvalEvery(every, metrics, res, out, t0):
+    """A TrainerCallback measuring the PRM every ``every`` steps into ``res["curve"]`` and
+    rewriting ``out/probe.json`` (``"finished": false`` until the run ends). Scoring runs
+    without gradients in eval mode and draws no random numbers, so training is unchanged."""
+    from transformers import TrainerCallback
+
+    class EvalEvery(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % every or state.global_step >= state.max_steps:
+                return
+            model.eval()
+            point = {"step": state.global_step, "seconds": round(time.perf_counter() - t0, 1), **metrics(model)}
+            model.train()
+            res["curve"].append(point)
+            (out / "probe.json").write_text(json.dumps({**res, "finished": False}, indent=2) + "\n")
+            print(f"  step {point['step']}: within AUROC {point['within_problem_auroc']:.3f}, first-error odd {point.get('first_error_auroc_odd', float('nan')):.3f}, "
+                  f"even {point.get('first_error_auroc_even', float('nan')):.3f}, mu MAE {point['mu_mae_bayes']:.3f} ({point['seconds']:.0f}s)", flush=True)
+
+    return EvalEvery()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the data, backbone, PRM and probe.json")
     ap.add_argument("--objective", default="soft-ce", choices=["soft-ce", "beta-binomial"], help="which PRM to train")
     ap.add_argument("--eval-problems", type=int, default=300, help="fresh evaluation problems")
     ap.add_argument("--eval-traces", type=int, default=8, help="policy traces per evaluation problem")
+    ap.add_argument("--eval-every", type=int, default=0, help="also measure the PRM every this many optimiser steps (the curve in probe.json, rewritten at each point, so a run cut short keeps it; 0: only at the end)")
     skip = {"out", "quick", "aca", "n_val_problems", "n_test_problems", "n_candidates", "world_config"}
     for f in fields(DemoConfig):
         if f.name in skip:
@@ -126,19 +148,27 @@ def main(argv=None):
     pools = _pools(world, SynthPolicy(world, seed=s + 4243), eval_p, a.eval_traces)
     res = {"config": asdict(cfg), "objective": a.objective, "eval_problems": a.eval_problems, "eval_traces": a.eval_traces}
     res["backbone_surprise_first_error_auroc"] = first_error_split(pools, backbone_surprise(backbone, tokenizer, pools, cfg.marker_repeat))
-    prm, _ = _train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print)
-    scores = score_traces(prm, [(p.problem.question, t.steps) for p in pools for t in p.traces], batch_size=64)
     k = a.eval_traces
-    mu = [[sc.mu for sc in scores[i * k : (i + 1) * k]] for i in range(len(pools))]
     labels = [p.correct for p in pools]
-    res["prm"] = {"within_problem_auroc": within_problem_auroc([[m[-1] for m in pm] for pm in mu], labels),
-                  **{k2: v for k2, v in _step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
-                  "mu_mae_bayes": float(np.mean(np.abs(np.concatenate([m for pm in mu for m in pm]) - np.concatenate([b[0] for p in pools for b in p.bayes]))))}
+    eval_traces = [(p.problem.question, t.steps) for p in pools for t in p.traces]
+
+    def prm_metrics(prm):
+        scores = score_traces(prm, eval_traces, batch_size=64)
+        mu = [[sc.mu for sc in scores[i * k : (i + 1) * k]] for i in range(len(pools))]
+        return {"within_problem_auroc": within_problem_auroc([[m[-1] for m in pm] for pm in mu], labels),
+                **{k2: v for k2, v in _step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
+                "mu_mae_bayes": float(np.mean(np.abs(np.concatenate([m for pm in mu for m in pm]) - np.concatenate([b[0] for p in pools for b in p.bayes]))))}
+
     for obs, get in (("bayes", lambda p: [b[0] for b in p.bayes]), ("parity_check", lambda p: [m[0] for m in p.parity])):
         beliefs = [get(p) for p in pools]
         res[obs] = {"within_problem_auroc": within_problem_auroc([[b[-1] for b in bp] for bp in beliefs], labels),
                     **{k2: v for k2, v in _step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")}}
+    res["curve"] = []
+    callbacks = [_EvalEvery(a.eval_every, prm_metrics, res, out, t_all)] if a.eval_every else None
+    prm, _ = _train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print, callbacks=callbacks)
+    res["prm"] = prm_metrics(prm)
     res["seconds"] = round(time.perf_counter() - t_all, 1)
+    res["finished"] = True
     (out / "probe.json").write_text(json.dumps(res, indent=2) + "\n")
     b = res["backbone_surprise_first_error_auroc"]
     print(f"backbone surprise, first-error AUROC: odd {b.get('odd', float('nan')):.3f} (n={b['n_odd']}), even {b.get('even', float('nan')):.3f} (n={b['n_even']})")

@@ -98,16 +98,24 @@ def test_demo_quick_end_to_end(tmp_path):
     m = re.search(r"result of ([\d.]+)% of (\d+) verifiable steps and ([\d.]+)% of (\d+) recall steps", bench.stdout)
     assert m and int(m.group(2)) > 40 and int(m.group(4)) > 5 and float(m.group(1)) > float(m.group(3))
     # benchmarks/step_check_probe.py: one PRM from that backbone, a few steps, the odd/even split.
-    probe = subprocess.run([sys.executable, "benchmarks/step_check_probe.py", "--out", str(tmp_path / "probe"), "--backbone", str(tmp_path / "d" / "backbone"),
-                            "--n-train-problems", "40", "--prm-steps", "3", "--prm-batch", "4", "--eval-problems", "30", "--eval-traces", "4"],
-                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    res = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    def run_probe(name, *extra):
+        done = subprocess.run([sys.executable, "benchmarks/step_check_probe.py", "--out", str(tmp_path / name), "--backbone", str(tmp_path / "d" / "backbone"),
+                               "--n-train-problems", "40", "--prm-steps", "4", "--prm-batch", "4", "--eval-problems", "30", "--eval-traces", "4", *extra],
+                              capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads((tmp_path / name / "probe.json").read_text())
+
+    res = run_probe("probe", "--eval-every", "2")
     surprise = res["backbone_surprise_first_error_auroc"]
     assert surprise["n_odd"] > 0 and surprise["n_even"] > 0 and 0 <= surprise["odd"] <= 1 and 0 <= surprise["even"] <= 1
     # the quick backbone predicts results, so its surprise separates errors from correct steps
     assert surprise["odd"] > 0.6
-    assert 0 <= res["prm"]["within_problem_auroc"] <= 1 and res["bayes"]["first_error_auroc_even"] > 0.9
+    assert res["finished"] and 0 <= res["prm"]["within_problem_auroc"] <= 1 and res["bayes"]["first_error_auroc_even"] > 0.9
+    # --eval-every: a curve point at step 2 (the last step is the final measurement) ...
+    assert [p["step"] for p in res["curve"]] == [2] and 0 <= res["curve"][0]["within_problem_auroc"] <= 1
+    # ... that leaves training unchanged: the same final PRM as a run without it
+    plain = run_probe("probe_plain")
+    assert plain["curve"] == [] and plain["prm"] == res["prm"]
 
 
 def test_bad_input_exits_2_with_one_message(tmp_path):

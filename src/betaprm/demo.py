@@ -201,7 +201,7 @@ def _backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
     return backbone, tokenizer, eff
 
 
-def _train_prm(eff, out, name, objective, seed, device, log):
+def _train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
     """One PRM fine-tuned from ``out/backbone`` on ``out/train_counts.jsonl`` through
     ``betaprm.train``; returns ``(prm, log_history)``."""
     from .train import TrainConfig, train
@@ -212,7 +212,7 @@ def _train_prm(eff, out, name, objective, seed, device, log):
                      logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
                      seed=seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
                      kappa_detach=eff.kappa_detach and objective == "beta-binomial")
-    prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True)
+    prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True, callbacks=callbacks)
     last = [h for h in trainer.state.log_history if "loss" in h][-1]
     log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
     return prm.eval(), trainer.state.log_history

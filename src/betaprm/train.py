@@ -325,10 +325,11 @@ def _last_checkpoint(output_dir: str) -> str:
     return last
 
 
-def train(cfg: TrainConfig, log=print, quiet: bool = False):
+def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
     """Run training; returns ``(prm, trainer, encode_stats)``. The final BetaPRM is
     written to ``cfg.output_dir``. ``quiet`` drops the Trainer's progress bar and printed
-    logs (the log history is kept)."""
+    logs (the log history is kept); ``callbacks``: extra ``transformers.TrainerCallback``s
+    (e.g. an evaluation every few steps), added to the Trainer's own."""
     from transformers import TrainingArguments, set_seed
 
     from .data.dataset import CountsCollator, encode_records
@@ -413,6 +414,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False):
         head_lr_multiplier=cfg.head_lr_multiplier,
         kappa_detach=cfg.kappa_detach,
         aux_lm_weight=cfg.aux_lm_weight,
+        callbacks=list(callbacks or []),
     )
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Several benchmarks/step_check_probe.py runs side by side on one GPU: does a PRM learn the
+# mod-5 half of the step check (first-error AUROC on even offsets) with more steps, more
+# data, fewer off-by-one training errors or a deeper backbone? Each run measures its PRM
+# every 550 steps (probe.json's "curve"), so a run cut off at the time limit keeps its curve.
+#
+#   bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE]
+#
+# Writes OUT/NAME/probe.json and OUT/NAME.log per run, then OUT/summary.txt.
+set -u
+out=${1:?usage: bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE]}
+limit=${2:-480}
+device=${3:-cuda}
+mkdir -p "$out"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}src" PYTHONUNBUFFERED=1
+
+run() {
+    local name=$1; shift
+    timeout "$limit" python benchmarks/step_check_probe.py --out "$out/$name" --device "$device" --threads 2 --eval-every 550 "$@" > "$out/$name.log" 2>&1 &
+}
+
+run base                                     # the demo recipe: 1,100 steps, 6,000 traces
+run nm03_s3300      --train-near-miss 0.3 --prm-steps 3300
+run s6600_d12k      --prm-steps 6600 --n-train-problems 12000
+run nm03_s6600_d12k --train-near-miss 0.3 --prm-steps 6600 --n-train-problems 12000
+run nm03_b128_s2200_d12k --train-near-miss 0.3 --prm-batch 128 --prm-steps 2200 --n-train-problems 12000
+run nm03_8x96_s6600_d12k --train-near-miss 0.3 --prm-steps 6600 --n-train-problems 12000 --num-layers 8 --hidden-size 96
+run beta_nm03_s6600_d12k --objective beta-binomial --train-near-miss 0.3 --prm-steps 6600 --n-train-problems 12000
+wait
+
+python - "$out" <<'EOF' | tee "$out/summary.txt"
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+for f in sorted(out.glob("*/probe.json")):
+    r = json.loads(f.read_text())
+    b = r["backbone_surprise_first_error_auroc"]
+    print(f"== {f.parent.name} ({'finished' if r.get('finished') else 'cut off'}; backbone surprise odd/even {b.get('odd', float('nan')):.3f}/{b.get('even', float('nan')):.3f}; "
+          f"parity observer {r['parity_check']['within_problem_auroc']:.3f}, Bayes {r['bayes']['within_problem_auroc']:.3f})")
+    points = r["curve"] + ([{"step": r["config"]["prm_steps"], "seconds": r["seconds"], **r["prm"]}] if r.get("finished") else [])
+    for p in points:
+        print(f"  step {p['step']:>5} ({p['seconds']:>4.0f}s): within AUROC {p['within_problem_auroc']:.3f}  first-error odd {p.get('first_error_auroc_odd', float('nan')):.3f}"
+              f"  even {p.get('first_error_auroc_even', float('nan')):.3f}  mu MAE {p['mu_mae_bayes']:.3f}")
+EOF
