@@ -4,13 +4,16 @@
 # data, fewer off-by-one training errors or a deeper backbone? Each run measures its PRM
 # every 550 steps (probe.json's "curve"), so a run cut off at the time limit keeps its curve.
 #
-#   bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE]
+#   bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE] [SET]
 #
+# SET "first" (the default) compares budgets and data mixes; "deep" checks the 8 x 96 recipe
+# that came out of it (another seed, BetaPRM, batch 128, the world's own error mix).
 # Writes OUT/NAME/probe.json and OUT/NAME.log per run, then OUT/summary.txt.
 set -u
 out=${1:?usage: bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE]}
 limit=${2:-480}
 device=${3:-cuda}
+set_=${4:-first}
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}src" PYTHONUNBUFFERED=1
 
@@ -19,6 +22,13 @@ run() {
     timeout "$limit" python benchmarks/step_check_probe.py --out "$out/$name" --device "$device" --threads 2 --eval-every 550 "$@" > "$out/$name.log" 2>&1 &
 }
 
+deep="--train-near-miss 0.3 --n-train-problems 12000 --num-layers 8 --hidden-size 96"
+if [ "$set_" = deep ]; then
+run deep_seed1      $deep --prm-steps 6600 --seed 1
+run deep_beta       $deep --prm-steps 6600 --objective beta-binomial
+run deep_b128_s2200 $deep --prm-steps 2200 --prm-batch 128
+run deep_nm_default --n-train-problems 12000 --num-layers 8 --hidden-size 96 --prm-steps 6600
+else
 run base                                     # the demo recipe: 1,100 steps, 6,000 traces
 run nm03_s3300      --train-near-miss 0.3 --prm-steps 3300
 run s6600_d12k      --prm-steps 6600 --n-train-problems 12000
@@ -26,6 +36,7 @@ run nm03_s6600_d12k --train-near-miss 0.3 --prm-steps 6600 --n-train-problems 12
 run nm03_b128_s2200_d12k --train-near-miss 0.3 --prm-batch 128 --prm-steps 2200 --n-train-problems 12000
 run nm03_8x96_s6600_d12k --train-near-miss 0.3 --prm-steps 6600 --n-train-problems 12000 --num-layers 8 --hidden-size 96
 run beta_nm03_s6600_d12k --objective beta-binomial --train-near-miss 0.3 --prm-steps 6600 --n-train-problems 12000
+fi
 wait
 
 python - "$out" <<'EOF' | tee "$out/summary.txt"
