@@ -51,6 +51,19 @@ def test_train_near_miss_must_be_a_probability():
         DemoConfig(train_near_miss=-0.1)
 
 
+def test_presets_change_defaults_and_keep_explicit_settings():
+    long = DemoConfig(long=True).effective()
+    assert (long.num_layers, long.hidden_size, long.n_train_problems, long.prm_steps, long.train_near_miss) == (8, 96, 12_000, 6600, 0.3)
+    assert long.n_test_problems == DemoConfig().n_test_problems  # what the preset does not name stays
+    # a setting given explicitly wins over the preset, for --long and --quick alike
+    assert DemoConfig(long=True, prm_steps=3000).effective().prm_steps == 3000
+    assert DemoConfig(quick=True, prm_steps=7).effective().prm_steps == 7
+    assert DemoConfig(quick=True).effective().prm_steps == 120
+    assert DemoConfig().effective() == DemoConfig()
+    with pytest.raises(BetaPRMInputError, match="--quick and --long"):
+        DemoConfig(quick=True, long=True)
+
+
 def test_parity_observer_benchmark(capsys):
     """benchmarks/parity_observer.py: the observer verifies less well than the Bayes belief
     and drifts below it on error-free prefixes (it cannot rule out even-offset errors)."""

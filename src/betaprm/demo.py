@@ -39,6 +39,7 @@ class DemoConfig:
     world_config: str | None = _f(None, "JSON file of chain-arithmetic world settings (default: design.md section 6)")
     seed: int = _f(0, "random seed for problems, models and training")
     quick: bool = _f(False, "a small run (about 2 minutes) with the same steps")
+    long: bool = _f(False, "the recipe that learns the whole step check (README: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM): about 80 minutes on 2 CPU cores, minutes with --device cuda")
     n_train_problems: int = _f(3000, "training problems")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
     error_boost: float = _f(2.0, "training traces only: multiply the error rates of verifiable steps (+, *) by this: more errors a PRM can see")
@@ -68,6 +69,8 @@ class DemoConfig:
             bad.append("n_candidates must be >= 2 for Best-of-N")
         if self.train_near_miss is not None and not 0 <= self.train_near_miss <= 1:
             bad.append(f"train_near_miss must be in [0, 1], got {self.train_near_miss}")
+        if self.quick and self.long:
+            bad.append("--quick and --long are two different runs: choose one")
         if self.device not in ("cpu", "cuda", "auto"):
             bad.append(f"device must be cpu, cuda or auto, got {self.device!r}")
         if bad:
@@ -81,9 +84,19 @@ class DemoConfig:
         return "cuda" if self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available()) else "cpu"
 
     def effective(self) -> DemoConfig:
-        if not self.quick:
-            return self
-        return replace(self, n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3)
+        """The settings of the run: ``--quick`` or ``--long`` change the defaults; a setting
+        given explicitly (anything not at its default) is kept."""
+        preset = PRESETS["quick"] if self.quick else PRESETS["long"] if self.long else {}
+        defaults = DemoConfig()
+        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) == getattr(defaults, k)})
+
+
+PRESETS = {
+    "quick": dict(n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3),
+    # Found with benchmarks/probe_sweep.sh on a GPU (README): the smallest budget seen to learn
+    # the mod-5 half of the step check, not only parity.
+    "long": dict(n_train_problems=12_000, train_near_miss=0.3, prm_steps=6600, hidden_size=96, num_layers=8),
+}
 
 
 # ---------------------------------------------------------------------------- data
@@ -452,7 +465,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    log(f"betaprm {_version()} demo ({'quick' if cfg.quick else 'default'} run, seed {cfg.seed}, {device}) -> {out}")
+    log(f"betaprm {_version()} demo ({'quick' if cfg.quick else 'long' if cfg.long else 'default'} run, seed {cfg.seed}, {device}) -> {out}")
 
     # 1. data
     t0 = time.perf_counter()
