@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from betaprm.cli import main
@@ -116,6 +117,15 @@ def test_demo_quick_end_to_end(tmp_path):
     # ... that leaves training unchanged: the same final PRM as a run without it
     plain = run_probe("probe_plain")
     assert plain["curve"] == [] and plain["prm"] == res["prm"]
+    # benchmarks/kappa_refit.py: rebuilds the run's test split and reads the trained kappa
+    # head exactly as the demo did; the refit only lowers the training loss it minimises.
+    refit = subprocess.run([sys.executable, "benchmarks/kappa_refit.py", "--run", str(tmp_path / "d"), "--steps", "30"],
+                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
+    assert refit.returncode == 0, refit.stderr[-2000:]
+    rf = json.loads((tmp_path / "d" / "kappa_refit.json").read_text())
+    for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll"):
+        assert rf["trained_head"][key] == pytest.approx(rf["demo_results"][key], abs=1e-4), key
+    assert rf["training_loss"]["refit_head"] <= rf["training_loss"]["trained_head"]
 
 
 def test_bad_input_exits_2_with_one_message(tmp_path):

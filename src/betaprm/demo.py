@@ -140,6 +140,25 @@ def _records(world, label_policy, traces, mc_n, prefix):
             for i, t in enumerate(traces)]
 
 
+def demo_data(world, eff, seed):
+    """The demo's data for ``seed``: ``(train_traces, train_records, val_pools, test_pools,
+    held_records)``. Deterministic, so a later script can rebuild a run's test split."""
+    from .synth import SynthPolicy
+
+    s = seed * 7919
+    train_p = world.sample_problems(eff.n_train_problems, s + 1, "train")
+    val_p = world.sample_problems(eff.n_val_problems, s + 2, "val")
+    test_p = world.sample_problems(eff.n_test_problems, s + 3, "test")
+    label_policy = SynthPolicy(world, seed=s + 11)
+    train_traces = _train_traces(world, train_p, eff, s + 12)
+    train_records = _records(world, label_policy, train_traces, world.cfg.mc_n, "train")
+    pool_policy = SynthPolicy(world, seed=s + 13)
+    val_pools = _pools(world, pool_policy, val_p, eff.n_candidates)
+    test_pools = _pools(world, pool_policy, test_p, eff.n_candidates)
+    held_records = _records(world, label_policy, [p.traces[0] for p in test_pools], world.cfg.mc_n, "held")
+    return train_traces, train_records, val_pools, test_pools, held_records
+
+
 # ---------------------------------------------------------------------------- backbone
 def _pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     """A small Llama trained as a language model on error-free traces, in the PRM's format."""
@@ -449,7 +468,7 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     from .evaluation.metrics import bootstrap_ci, paired_bootstrap, within_problem_auroc
     from .model import _version
     from .scoring import score_traces
-    from .synth import SynthPolicy, World, WorldConfig
+    from .synth import World, WorldConfig
 
     t_start = time.perf_counter()
     eff = cfg.effective()
@@ -469,17 +488,8 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
 
     # 1. data
     t0 = time.perf_counter()
-    s = cfg.seed * 7919
-    train_p = world.sample_problems(eff.n_train_problems, s + 1, "train")
-    val_p = world.sample_problems(eff.n_val_problems, s + 2, "val")
-    test_p = world.sample_problems(eff.n_test_problems, s + 3, "test")
-    label_policy = SynthPolicy(world, seed=s + 11)
-    train_traces = _train_traces(world, train_p, eff, s + 12)
-    train_records = _records(world, label_policy, train_traces, world_cfg.mc_n, "train")
-    pool_policy = SynthPolicy(world, seed=s + 13)
-    val_pools = _pools(world, pool_policy, val_p, eff.n_candidates)
-    test_pools = _pools(world, pool_policy, test_p, eff.n_candidates)
-    held_records = _records(world, label_policy, [p.traces[0] for p in test_pools], world_cfg.mc_n, "held")
+    train_traces, train_records, val_pools, test_pools, held_records = demo_data(world, eff, cfg.seed)
+    test_p = [p.problem for p in test_pools]
     with open(out / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in train_records)
     n_steps = sum(len(r["steps"]) for r in train_records)
