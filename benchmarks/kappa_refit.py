@@ -54,7 +54,6 @@ def main(argv=None):
 
     from betaprm.beta import beta_binomial_nll, beta_std, evidence_regularizer
     from betaprm.demo import DemoConfig, _calibration, demo_data
-    from betaprm.evaluation.metrics import spearman
     from betaprm.formatting import encode_traces
     from betaprm.model import BetaPRM
     from betaprm.scoring import StepScores
@@ -121,14 +120,9 @@ def main(argv=None):
 
         test_sc = scores(test_f)
         pooled = [test_sc[i * k_per : (i + 1) * k_per] for i in range(len(test_pools))]
-        cal, (_, _, kappa, bm, bv) = _calibration(test_pools, pooled, held_records, scores(held_f), beta=True)
-        out[name] = {key: cal[key] for key in ("mu_mae_bayes", "bb_nll", "spearman_kappa_bayes", "spearman_kappa_parity_check", "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90", "kappa_median")}
-        # Settled steps (the Bayes belief is certain, kappa* infinite: q = 0 after a caught error,
-        # or q = 1) have counts all 0 or all N, whose likelihood is highest at a *small* kappa
-        # unless mu is exactly 0 or 1; the rank correlation without them:
-        open_ = bv > 1e-12
-        out[name]["spearman_kappa_bayes_unsettled"] = spearman(kappa[open_], bm[open_] * (1 - bm[open_]) / bv[open_] - 1)
-        out[name]["share_settled"] = float(1 - open_.mean())
+        cal, _ = _calibration(test_pools, pooled, held_records, scores(held_f), beta=True)
+        out[name] = {key: cal[key] for key in ("mu_mae_bayes", "bb_nll", "spearman_kappa_bayes", "spearman_kappa_bayes_unsettled", "share_settled", "spearman_kappa_parity_check",
+                                               "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90", "kappa_median")}
     out["demo_results"] = {key: res0["calibration"]["betaprm"][key] for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll")}
     (run / "kappa_refit.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"{'':<28}{'trained head':>14}{'refit head':>14}")

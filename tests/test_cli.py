@@ -68,6 +68,7 @@ def test_demo_quick_end_to_end(tmp_path):
     for name in ("standard_prm", "betaprm"):
         assert 0 <= r["calibration"][name]["mu_mae_parity_check"] < 1
     assert -1 <= r["calibration"]["betaprm"]["spearman_kappa_parity_check"] <= 1
+    assert -1 <= r["calibration"]["betaprm"]["spearman_kappa_bayes_unsettled"] <= 1 and 0 < r["calibration"]["betaprm"]["share_settled"] < 1
     for name in ("standard_prm", "betaprm"):
         bias = r["clean_bias_by_step"][name]
         assert 4 <= len(bias) <= 8 and all(-1 <= b <= 1 for b in bias)

@@ -326,6 +326,12 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
         res["bb_nll"] = float(beta_binomial_nll(torch.tensor(hmu, dtype=torch.float64), torch.tensor(hkappa, dtype=torch.float64), torch.tensor(k), torch.tensor(n)).mean())
         kappa_star = np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e6)
         res["spearman_kappa_bayes"] = spearman(kappa, kappa_star)
+        # Settled steps (the Bayes belief certain: kappa* infinite) have counts all 0 or all N,
+        # which favour a *small* kappa unless mu is exactly 0 or 1: the same rank
+        # correlation without them, and their share (README, "--long").
+        unsettled = bv > 1e-12
+        res["spearman_kappa_bayes_unsettled"] = spearman(kappa[unsettled], kappa_star[unsettled])
+        res["share_settled"] = float(1 - unsettled.mean())
         res["spearman_sigma_bayes_std"] = spearman(sigma, np.sqrt(bv))
         if pools[0].parity:
             res["spearman_kappa_parity_check"] = spearman(kappa, np.where(pv > 1e-12, pm * (1 - pm) / np.maximum(pv, 1e-12) - 1, 1e6))
