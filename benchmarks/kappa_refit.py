@@ -53,6 +53,7 @@ def main(argv=None):
     from transformers.utils import logging as hf_logging
 
     from betaprm.beta import beta_binomial_nll, beta_std, evidence_regularizer
+    from betaprm.train import TrainConfig
     from betaprm.demo import DemoConfig, _calibration, demo_data
     from betaprm.formatting import encode_traces
     from betaprm.model import BetaPRM
@@ -63,7 +64,7 @@ def main(argv=None):
     ap.add_argument("--run", required=True, help="folder of a finished betaprm demo run (results.json, betaprm/)")
     ap.add_argument("--steps", type=int, default=3000, help="full-batch Adam steps for the refit")
     ap.add_argument("--lr", type=float, default=0.01, help="Adam learning rate for the refit")
-    ap.add_argument("--lambda-reg", type=float, default=0.05, help="evidence regulariser weight (betaprm train's default)")
+    ap.add_argument("--lambda-reg", type=float, default=TrainConfig.__dataclass_fields__["lambda_reg"].default, help="evidence regulariser weight (default: betaprm train's, which the demo uses)")
     a = ap.parse_args(argv)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -88,14 +89,14 @@ def main(argv=None):
     mu = torch.cat([f[1] for f in train_f])
     k = torch.cat([torch.tensor(r["mc_correct"], dtype=torch.float32) for r in train_records])
     n = torch.cat([torch.full((len(r["steps"]),), float(r["mc_total"])) for r in train_records])
-    kmin = prm.config.kappa_min
-
-    def loss_of(head):
-        kappa = torch.nn.functional.softplus(head(h).squeeze(-1)) + kmin
-        return (beta_binomial_nll(mu, kappa, k, n) + a.lambda_reg * evidence_regularizer(mu, kappa, k, n)).mean()
-
     trained = prm.kappa_head
     refit = copy.deepcopy(trained).requires_grad_(True)
+
+    def loss_of(head):  # the trainer's beta-binomial loss, mean over markers, with mu fixed
+        prm.kappa_head = head  # kappa through the model's own kappa_from_hidden
+        kappa = prm.kappa_from_hidden(h)
+        return beta_binomial_nll(mu, kappa, k, n).mean() + a.lambda_reg * evidence_regularizer(mu, kappa, k, n).mean()
+
     opt = torch.optim.Adam(refit.parameters(), lr=a.lr)
     with torch.no_grad():
         start = float(loss_of(trained))
@@ -109,15 +110,17 @@ def main(argv=None):
 
     out = {"run": str(run), "steps": a.steps, "lr": a.lr, "training_loss": {"trained_head": start, "refit_head": float(loss_of(refit).detach())}}
     k_per = len(test_pools[0].traces)
-    for name, head in (("trained_head", trained), ("refit_head", refit)):
-        def scores(feats):
-            with torch.no_grad():
-                sc = []
-                for hh, mm in feats:
-                    kap = torch.nn.functional.softplus(head(hh).squeeze(-1)) + kmin
-                    sc.append(StepScores(mm.numpy(), kap.numpy(), beta_std(mm, kap).numpy()))
-            return sc
 
+    def scores(feats):  # with the head now in prm.kappa_head
+        out_ = []
+        with torch.no_grad():
+            for hh, mm in feats:
+                kap = prm.kappa_from_hidden(hh)
+                out_.append(StepScores(mm.numpy(), kap.numpy(), beta_std(mm, kap).numpy()))
+        return out_
+
+    for name, head in (("trained_head", trained), ("refit_head", refit)):
+        prm.kappa_head = head
         test_sc = scores(test_f)
         pooled = [test_sc[i * k_per : (i + 1) * k_per] for i in range(len(test_pools))]
         cal, _ = _calibration(test_pools, pooled, held_records, scores(held_f), beta=True)

@@ -10,7 +10,7 @@
 # that came out of it (another seed, BetaPRM, batch 128, the world's own error mix).
 # Writes OUT/NAME/probe.json and OUT/NAME.log per run, then OUT/summary.txt.
 set -u
-out=${1:?usage: bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE]}
+out=${1:?usage: bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE] [first|deep]}
 limit=${2:-480}
 device=${3:-cuda}
 set_=${4:-first}

@@ -83,7 +83,7 @@ def first_error_split(pools, scores):
     return res
 
 
-def _EvalEvery(every, metrics, res, out, t0):
+def eval_every_callback(every, metrics, res, out, t0):
     """A TrainerCallback measuring the PRM every ``every`` steps into ``res["curve"]`` and
     rewriting ``out/probe.json`` (``"finished": false`` until the run ends). Scoring runs
     without gradients in eval mode and draws no random numbers, so training is unchanged."""
@@ -164,7 +164,7 @@ def main(argv=None):
         res[obs] = {"within_problem_auroc": within_problem_auroc([[b[-1] for b in bp] for bp in beliefs], labels),
                     **{k2: v for k2, v in _step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")}}
     res["curve"] = []
-    callbacks = [_EvalEvery(a.eval_every, prm_metrics, res, out, t_all)] if a.eval_every else None
+    callbacks = [eval_every_callback(a.eval_every, prm_metrics, res, out, t_all)] if a.eval_every else None
     prm, _ = _train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print, callbacks=callbacks)
     res["prm"] = prm_metrics(prm)
     res["seconds"] = round(time.perf_counter() - t_all, 1)

@@ -324,12 +324,11 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
         import torch
 
         res["bb_nll"] = float(beta_binomial_nll(torch.tensor(hmu, dtype=torch.float64), torch.tensor(hkappa, dtype=torch.float64), torch.tensor(k), torch.tensor(n)).mean())
-        kappa_star = np.where(bv > 1e-12, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e6)
+        unsettled = bv > 1e-12  # settled: the Bayes belief is certain, kappa* infinite
+        kappa_star = np.where(unsettled, bm * (1 - bm) / np.maximum(bv, 1e-12) - 1, 1e6)
         res["spearman_kappa_bayes"] = spearman(kappa, kappa_star)
-        # Settled steps (the Bayes belief certain: kappa* infinite) have counts all 0 or all N,
-        # which favour a *small* kappa unless mu is exactly 0 or 1: the same rank
-        # correlation without them, and their share (README, "--long").
-        unsettled = bv > 1e-12
+        # Settled steps have counts all 0 or all N, which favour a *small* kappa unless mu is
+        # exactly 0 or 1: the same rank correlation without them, and their share (README, "--long").
         res["spearman_kappa_bayes_unsettled"] = spearman(kappa[unsettled], kappa_star[unsettled])
         res["share_settled"] = float(1 - unsettled.mean())
         res["spearman_sigma_bayes_std"] = spearman(sigma, np.sqrt(bv))
