@@ -116,13 +116,13 @@ def main(argv=None):
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        typ = float if f.type in ("float", "float | None") else int if f.type == "int" else str
+        typ = float if f.type in ("float", "float | None") else int if f.type in ("int", "int | None") else str
         if f.type == "bool":
             ap.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=f.default, help=f.metadata["help"] + " (true/false)")
         else:
             ap.add_argument(flag, type=typ, default=f.default, help=f.metadata["help"])
     a = ap.parse_args(argv)
-    cfg = DemoConfig(out=a.out, aca=False, **{f.name: getattr(a, f.name) for f in fields(DemoConfig) if f.name not in skip})
+    cfg = DemoConfig(out=a.out, aca=False, **{f.name: getattr(a, f.name) for f in fields(DemoConfig) if f.name not in skip}).effective()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as hf_logging

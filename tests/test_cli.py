@@ -155,7 +155,7 @@ def test_config_file_then_flags(tmp_path, capsys):
     cfg.write_text("prm_steps: 3\nn_val_problems: 8\n")
     args = build_parser().parse_args(["demo", "--config", str(cfg), "--prm-steps", "2"])
     c = config_from_args(DemoConfig, args)
-    assert c.prm_steps == 2 and c.n_val_problems == 8 and c.n_test_problems == 1000  # flag wins, file fills
+    assert c.prm_steps == 2 and c.n_val_problems == 8 and c.effective().n_test_problems == 1000  # flag wins, file fills
     cfg.write_text("stepz: 3\n")
     assert main(["demo", "--config", str(cfg)]) == 2
     assert "unknown keys ['stepz']" in capsys.readouterr().err

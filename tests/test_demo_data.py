@@ -54,12 +54,17 @@ def test_train_near_miss_must_be_a_probability():
 def test_presets_change_defaults_and_keep_explicit_settings():
     long = DemoConfig(long=True).effective()
     assert (long.num_layers, long.hidden_size, long.n_train_problems, long.prm_steps, long.train_near_miss) == (8, 96, 12_000, 6600, 0.3)
-    assert long.n_test_problems == DemoConfig().n_test_problems  # what the preset does not name stays
+    assert long.n_test_problems == DemoConfig().effective().n_test_problems  # what the preset does not name stays
     # a setting given explicitly wins over the preset, for --long and --quick alike
     assert DemoConfig(long=True, prm_steps=3000).effective().prm_steps == 3000
     assert DemoConfig(quick=True, prm_steps=7).effective().prm_steps == 7
     assert DemoConfig(quick=True).effective().prm_steps == 120
-    assert DemoConfig().effective() == DemoConfig()
+    # an explicit setting equal to the default recipe's still wins (it used to be taken as unset)
+    assert DemoConfig(quick=True, hidden_size=128, num_layers=4).effective().hidden_size == 128
+    assert DemoConfig(long=True, train_near_miss=0.6).effective().train_near_miss == 0.6
+    base = DemoConfig().effective()
+    assert (base.n_train_problems, base.n_test_problems, base.hidden_size, base.num_layers, base.prm_steps, base.train_near_miss) == (3000, 1000, 128, 4, 1100, None)
+    assert base.effective() == base
     with pytest.raises(BetaPRMInputError, match="--quick and --long"):
         DemoConfig(quick=True, long=True)
 

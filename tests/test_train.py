@@ -194,3 +194,22 @@ def test_bad_config_is_one_clear_error(lm_dir, counts):
     assert "--model is required" in msg and "--objective must be one of" in msg and "--global-batch-size must be >= 1" in msg
     with pytest.raises(BetaPRMInputError, match="not a multiple"):
         train(cfg(lm_dir, counts, "/tmp/x", global_batch_size=6, per_device_batch_size=4))
+
+
+def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
+    """--group-by-length reaches the Trainer's sampler: each batch of the epoch spans a
+    narrower range of lengths than random batches, and training runs with it."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "g", group_by_length=True, max_steps=2, save_steps=100))
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, LengthGroupedSampler)
+    lengths = [len(x["input_ids"]) for x in trainer.train_dataset]
+    order = list(sampler)
+    assert sorted(order) == list(range(len(lengths)))  # every trace once
+
+    def mean_spread(idx):
+        return np.mean([np.ptp([lengths[i] for i in idx[j : j + 8]]) for j in range(0, len(idx) - 7, 8)])
+
+    assert mean_spread(order) < mean_spread(list(np.random.default_rng(0).permutation(len(lengths))))
+    assert not isinstance(train(cfg(lm_dir, counts, tmp_path / "r", max_steps=1, save_steps=100))[1]._get_train_sampler(), LengthGroupedSampler)

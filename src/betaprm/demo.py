@@ -38,33 +38,34 @@ class DemoConfig:
     out: str = _f("outputs/demo", "folder for data, models, results.json and plots")
     world_config: str | None = _f(None, "JSON file of chain-arithmetic world settings (default: design.md section 6)")
     seed: int = _f(0, "random seed for problems, models and training")
-    quick: bool = _f(False, "a small run (about 2 minutes) with the same steps")
-    long: bool = _f(False, "the recipe that learns the whole step check (README: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM): about 80 minutes on 2 CPU cores, minutes with --device cuda")
-    n_train_problems: int = _f(3000, "training problems")
+    quick: bool = _f(False, "a small run (about a minute) with the same steps")
+    long: bool = _f(False, "the recipe that learns the whole step check (README: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM): over an hour on 2 CPU cores, 5-6 minutes with --device cuda on one H200")
+    n_train_problems: int | None = _f(None, "training problems (3000; --quick 500, --long 12000)")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
     error_boost: float = _f(2.0, "training traces only: multiply the error rates of verifiable steps (+, *) by this: more errors a PRM can see")
-    train_near_miss: float | None = _f(None, "training traces only: share of errors that are off by +-1 (default: the world's near_miss); lower puts more errors that keep the result's parity into training")
-    n_val_problems: int = _f(300, "validation problems (selector tuning)")
-    n_test_problems: int = _f(1000, "test problems (Best-of-N pools)")
+    train_near_miss: float | None = _f(None, "training traces only: share of errors that are off by +-1 (the world's near_miss; --long 0.3); lower puts more errors that keep the result's parity into training")
+    n_val_problems: int | None = _f(None, "validation problems, for selector tuning (300; --quick 60)")
+    n_test_problems: int | None = _f(None, "test problems, the Best-of-N pools (1000; --quick 150)")
     n_candidates: int = _f(16, "candidates per pool")
-    hidden_size: int = _f(128, "backbone width")
-    num_layers: int = _f(4, "backbone depth")
-    pretrain_tokens: int = _f(1_000_000, "language-model pretraining budget in tokens")
+    hidden_size: int | None = _f(None, "backbone width (128; --quick 96, --long 96)")
+    num_layers: int | None = _f(None, "backbone depth (4; --quick 3, --long 8)")
+    pretrain_tokens: int | None = _f(None, "language-model pretraining budget in tokens (1000000; --quick 200000)")
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
-    prm_steps: int = _f(1100, "optimiser steps for each PRM")
+    prm_steps: int | None = _f(None, "optimiser steps for each PRM (1100; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_lr: float = _f(1e-3, "PRM learning rate")
     head_lr_multiplier: float = _f(1.0, "kappa head learning rate / prm_lr (the paper's 10x, at lr 1e-5 on 8B models, let this tiny model's kappa path swamp the mu path at lr 1e-3)")
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     kappa_detach: bool = _f(True, "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)")
+    parallel_prms: bool = _f(True, "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each, about 1.2x faster on 2 cores than one after the other (float results differ slightly from a sequential run); on a GPU, sharing it")
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     device: str = _f("cpu", "cpu, cuda or auto (cuda when a GPU is present). The README's tables come from cpu; on a GPU the same steps run in fp32, much faster, with numbers that differ slightly")
     backbone: str | None = _f(None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining")
 
     def __post_init__(self):
-        bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) < 1]
+        bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) is not None and getattr(self, k) < 1]
         if self.n_candidates < 2:
             bad.append("n_candidates must be >= 2 for Best-of-N")
         if self.train_near_miss is not None and not 0 <= self.train_near_miss <= 1:
@@ -84,13 +85,15 @@ class DemoConfig:
         return "cuda" if self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available()) else "cpu"
 
     def effective(self) -> DemoConfig:
-        """The settings of the run: ``--quick`` or ``--long`` change the defaults; a setting
-        given explicitly (anything not at its default) is kept."""
-        preset = PRESETS["quick"] if self.quick else PRESETS["long"] if self.long else {}
-        defaults = DemoConfig()
-        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) == getattr(defaults, k)})
+        """The settings of the run: a setting left unset (None) takes the value of ``--quick``
+        or ``--long`` if one is on, else the default recipe's; a setting given is kept, even
+        when it equals the default recipe's."""
+        preset = {**BASE, **(PRESETS["quick"] if self.quick else PRESETS["long"] if self.long else {})}
+        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
 
+# The default recipe's values of the settings that the presets change (README: 11-16 minutes on 2 cores).
+BASE = dict(n_train_problems=3000, n_val_problems=300, n_test_problems=1000, pretrain_tokens=1_000_000, prm_steps=1100, hidden_size=128, num_layers=4)
 PRESETS = {
     "quick": dict(n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3),
     # Found with benchmarks/probe_sweep.sh on a GPU (README): the smallest budget seen to learn
@@ -250,6 +253,69 @@ def _train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
     return prm.eval(), trainer.state.log_history
 
 
+PRM_JOBS = (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial"))
+
+
+def _train_and_score(eff, out, name, objective, seed, device, traces, log):
+    """``_train_prm``, then the PRM's scores of ``traces`` (``(question, steps)`` pairs):
+    ``(prm, log_history, scores, seconds spent scoring)``."""
+    from .scoring import score_traces
+
+    prm, history = _train_prm(eff, out, name, objective, seed, device, log)
+    t0 = time.perf_counter()
+    scores = score_traces(prm, traces, batch_size=64)
+    return prm, history, scores, time.perf_counter() - t0
+
+
+def _train_and_score_job(eff, out, name, objective, seed, device, traces, threads):
+    """``_train_and_score`` in a worker process with ``threads`` torch threads; the PRM
+    itself stays in ``out/name`` (not sent back): ``(log line, log_history, scores, seconds)``."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(threads)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    lines = []
+    _, history, scores, seconds = _train_and_score(eff, Path(out), name, objective, seed, device, traces, lines.append)
+    return lines[-1], history, scores, seconds
+
+
+def _train_prms(eff, out, seed, device, log, traces):
+    """Both PRMs, same budget and seed, each scoring ``traces``: ``({name: prm}, {name:
+    log_history}, {name: scores})``. With ``parallel_prms`` the two train and score at the
+    same time in two processes: on CPU with half the threads each (a model this small keeps
+    one thread busier than two: faster on 2 cores, README), on a GPU sharing it (its small
+    kernels leave it mostly idle)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    models, histories, scores = {}, {}, {}
+    if not (eff.parallel_prms and (device == "cuda" or threads >= 2)):
+        seconds = 0.0
+        for name, objective in PRM_JOBS:
+            models[name], histories[name], scores[name], sec = _train_and_score(eff, out, name, objective, seed, device, traces, log)
+            seconds += sec
+        log(f"scored {2 * len(traces)} candidates ({seconds:.0f}s)")
+        return models, histories, scores
+
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .model import BetaPRM
+
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(len(PRM_JOBS), mp_context=multiprocessing.get_context("spawn")) as ex:
+        futures = [ex.submit(_train_and_score_job, eff, str(out), name, objective, seed, device, traces, max(1, threads // 2)) for name, objective in PRM_JOBS]
+        done = [f.result() for f in futures]
+    for (name, _), (line, history, sc, _) in zip(PRM_JOBS, done):
+        log(line)
+        models[name], histories[name], scores[name] = BetaPRM.from_pretrained(out / name).eval(), history, sc
+    each = "on one GPU" if device == "cuda" else f"{threads // 2} thread{'s' * (threads // 2 > 1)} each"
+    log(f"scored {2 * len(traces)} candidates ({max(d[3] for d in done):.0f}s; the two PRMs trained and scored at the same time, {each}: {time.perf_counter() - t0:.0f}s in all)")
+    return models, histories, scores
+
+
 # ---------------------------------------------------------------------------- evaluation
 def _bon(pools, beta_scores, std_scores, tuned, n=None):
     """Per-problem hits (0/1) of every selector on pools cut to their first n candidates."""
@@ -344,6 +410,14 @@ def _calibration(pools, scores, held_records, held_scores, beta: bool):
         res["width90"] = float(np.mean(hi - lo))
         res["bayes_coverage90"] = float(np.mean((q >= blo - tol) & (q <= bhi + tol)))
         res["bayes_width90"] = float(np.mean(bhi - blo))
+        # The best any Beta can do: the Beta with the Bayes belief's own mean and variance
+        # (kappa*; a point at the mean where the belief is certain). The belief over q is
+        # discrete, a Beta is not, so a perfect BetaPRM's interval is this one, not Bayes's.
+        sa, sb = np.maximum(bm * kappa_star, 1e-6), np.maximum((1 - bm) * kappa_star, 1e-6)
+        slo = np.where(unsettled, beta_dist.ppf(0.05, sa, sb), bm)
+        shi = np.where(unsettled, beta_dist.ppf(0.95, sa, sb), bm)
+        res["bayes_beta_coverage90"] = float(np.mean((q >= slo - tol) & (q <= shi + tol)))
+        res["bayes_beta_width90"] = float(np.mean(shi - slo))
         res["kappa_median"] = float(np.median(kappa))
     else:
         # A point estimate claims q = mu exactly: its likelihood of the counts is binomial.
@@ -504,22 +578,12 @@ def run_demo(cfg: DemoConfig, log=print) -> dict:
     # 2. tokenizer and pretrained backbone
     backbone, tokenizer, eff = _backbone(cfg, eff, world, train_traces, out, log, device)
 
-    # 3. the two PRMs, same budget and seed
-    models, histories = {}, {}
-    for name, objective in (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial")):
-        models[name], histories[name] = _train_prm(eff, out, name, objective, cfg.seed, device, log)
-
-    # 4. scoring
-    t0 = time.perf_counter()
-
-    def score_pools(prm, pools):
-        flat = score_traces(prm, [(p.problem.question, t.steps) for p in pools for t in p.traces], batch_size=64)
-        k = len(pools[0].traces)
-        return [flat[i * k : (i + 1) * k] for i in range(len(pools))]
-
-    sc = {name: {"val": score_pools(m, val_pools), "test": score_pools(m, test_pools)} for name, m in models.items()}
+    # 3. the two PRMs, same budget and seed, and 4. their scores of the validation and test pools
+    pooled = val_pools + test_pools
+    models, histories, flat = _train_prms(eff, out, cfg.seed, device, log, [(p.problem.question, t.steps) for p in pooled for t in p.traces])
+    k, nv = eff.n_candidates, len(val_pools)
+    sc = {name: {"val": [f[i * k : (i + 1) * k] for i in range(nv)], "test": [f[i * k : (i + 1) * k] for i in range(nv, len(pooled))]} for name, f in flat.items()}
     held = {name: score_traces(m, [(r["question"], r["steps"]) for r in held_records], batch_size=64) for name, m in models.items()}
-    log(f"scored {2 * (len(val_pools) + len(test_pools)) * eff.n_candidates} candidates ({time.perf_counter() - t0:.0f}s)")
 
     # 5. evaluation: tune on validation, report on test
     tuned = _tune(val_pools, sc["betaprm"]["val"])
@@ -635,12 +699,14 @@ def format_results(r: dict) -> str:
         ["mu MAE vs true q", f"{cs['mu_mae_true']:.3f}", f"{cb['mu_mae_true']:.3f}"],
         ["NLL of counts (standard: binomial at mu)", f"{cs['bb_nll']:.3f}", f"{cb['bb_nll']:.3f}"],
         ["Spearman(kappa, kappa*)", "-", f"{cb['spearman_kappa_bayes']:.3f}"],
+        ["same, unsettled steps only (share settled)", "-", f"{cb['spearman_kappa_bayes_unsettled']:.3f} ({cb['share_settled']:.2f})"],
         *([["mu MAE vs parity-check observer's mean", f"{cs['mu_mae_parity_check']:.3f}", f"{cb['mu_mae_parity_check']:.3f}"],
            ["Spearman(kappa, parity-check observer's kappa*)", "-", f"{cb['spearman_kappa_parity_check']:.3f}"]] if "mu_mae_parity_check" in cb else []),
         ["Spearman(sigma, Bayes std)", "-", f"{cb['spearman_sigma_bayes_std']:.3f}"],
         ["Spearman(sigma, |mu - q|), its own error", "-", f"{cb['spearman_sigma_own_error']:.3f}"],
         ["90% interval coverage of q (Bayes)", "-", f"{cb['coverage90']:.3f} ({cb['bayes_coverage90']:.3f})"],
         ["90% interval mean width (Bayes)", "-", f"{cb['width90']:.3f} ({cb['bayes_width90']:.3f})"],
+        ["Beta at Bayes mean and kappa*: coverage, width", "-", f"{cb['bayes_beta_coverage90']:.3f}, {cb['bayes_beta_width90']:.3f}"],
     ]
     parts.append(_table(rows, ["metric", "standard PRM", "BetaPRM"]))
     if "aca" in r:

@@ -82,6 +82,7 @@ class TrainConfig:
     marker_repeat: int = _f(1, "markers written after each step, scores read at the last (1: the paper's layout)")
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint (off unless you trust it)")
     dataloader_num_workers: int = _f(0, "data loader worker processes")
+    group_by_length: bool = _f(False, "draw each batch from traces of similar length (shuffled groups, the Trainer's LengthGroupedSampler): less padding, faster steps; the batches' mix of lengths changes")
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
     ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
 
@@ -316,6 +317,19 @@ def _grad_accum(cfg: TrainConfig, world: int) -> int:
     return cfg.global_batch_size // per_step
 
 
+def _sampling(cfg: TrainConfig) -> dict:
+    """TrainingArguments for ``group_by_length``: ``train_sampling_strategy`` in recent
+    transformers 5 releases, the older boolean before it."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    if "train_sampling_strategy" in names:
+        return {"train_sampling_strategy": "group_by_length" if cfg.group_by_length else "random"}
+    return {"group_by_length": cfg.group_by_length} if cfg.group_by_length else {}
+
+
 def _last_checkpoint(output_dir: str) -> str:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -399,6 +413,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
         remove_unused_columns=False,
         label_names=["mc_correct", "mc_total"],
         dataloader_num_workers=cfg.dataloader_num_workers,
+        **_sampling(cfg),
         use_cpu=cfg.use_cpu,
         ddp_backend=cfg.ddp_backend,
         disable_tqdm=rank != 0,

@@ -27,7 +27,8 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
         typ = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_text = f.metadata.get("help", "")
-        help_text = f"{help_text} (default: {default!r})" if help_text else f"default: {default!r}"
+        # An unset (None) default is explained by the help text itself ("the world's near_miss").
+        help_text = (f"{help_text} (default: {default!r})" if default is not None else help_text) if help_text else f"default: {default!r}"
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
         if typ is bool:
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
