@@ -124,6 +124,10 @@ def test_demo_quick_end_to_end(tmp_path):
                            capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
     assert refit.returncode == 0, refit.stderr[-2000:]
     rf = json.loads((tmp_path / "d" / "kappa_refit.json").read_text())
+    one = [r for r in rf["kappa_scaled"] if r["scale"] == 1][0]  # kappa x 1 is the trained head
+    assert one["width90"] == pytest.approx(rf["trained_head"]["width90"]) and one["coverage90"] == pytest.approx(rf["trained_head"]["coverage90"])
+    widths = [r["width90"] for r in sorted(rf["kappa_scaled"], key=lambda r: r["scale"])]
+    assert widths == sorted(widths, reverse=True)  # a larger kappa, a narrower interval
     for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll"):
         assert rf["trained_head"][key] == pytest.approx(rf["demo_results"][key], abs=1e-4), key
     assert rf["training_loss"]["refit_head"] <= rf["training_loss"]["trained_head"]

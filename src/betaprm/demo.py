@@ -59,6 +59,7 @@ class DemoConfig:
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     kappa_detach: bool = _f(True, "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)")
     parallel_prms: bool = _f(True, "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each, about 1.2x faster on 2 cores than one after the other (float results differ slightly from a sequential run); on a GPU, sharing it")
+    group_by_length: bool = _f(False, "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, but in the README's run it cost AUROC")
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     device: str = _f("cpu", "cpu, cuda or auto (cuda when a GPU is present). The README's tables come from cpu; on a GPU the same steps run in fp32, much faster, with numbers that differ slightly")
@@ -246,7 +247,7 @@ def _train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
                      learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
                      logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
                      seed=seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
-                     kappa_detach=eff.kappa_detach and objective == "beta-binomial")
+                     kappa_detach=eff.kappa_detach and objective == "beta-binomial", group_by_length=eff.group_by_length)
     prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True, callbacks=callbacks)
     last = [h for h in trainer.state.log_history if "loss" in h][-1]
     log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
