@@ -71,11 +71,15 @@ def main(argv=None):
     hf_logging.disable_progress_bar()
     run = Path(a.run)
     res0 = json.loads((run / "results.json").read_text())
-    c = res0["config"]
+    # The settings the run actually used (its presets applied), not the flags it was given.
+    c = res0.get("effective_config", res0["config"])
     cfg = DemoConfig(**{k: v for k, v in c.items() if k in DemoConfig.__dataclass_fields__})
     world = World(WorldConfig.from_dict(res0["world"]) if "world" in res0 else WorldConfig())
     t0 = time.perf_counter()
     _, train_records, _, test_pools, held_records = demo_data(world, cfg.effective(), cfg.seed)
+    want = res0.get("effective_config", {}).get("n_test_problems")
+    if want is not None and len(test_pools) != want:
+        raise SystemExit(f"{run}: rebuilt {len(test_pools)} test pools, the run had {want}: not the run's data")
     print(f"rebuilt the run's data ({time.perf_counter() - t0:.0f}s)")
     prm = BetaPRM.from_pretrained(run / "betaprm")
     enc = lambda pairs: encode_traces(prm.tokenizer, prm.config.marker_id, pairs, prm.config.trace_format)  # noqa: E731
@@ -136,7 +140,7 @@ def main(argv=None):
     held_sc = scores(held_f)
     for scale in a.scales:
         pooled = [[StepScores(s_.mu, s_.kappa * scale, beta_std(torch.tensor(s_.mu), torch.tensor(s_.kappa * scale)).numpy()) for s_ in test_sc[i * k_per : (i + 1) * k_per]] for i in range(len(test_pools))]
-        cal, _ = _calibration(test_pools, pooled, held_records, [StepScores(s_.mu, s_.kappa * scale, s_.sigma) for s_ in held_sc], beta=True)
+        cal, _ = _calibration(test_pools, pooled, held_records, [StepScores(s_.mu, s_.kappa * scale, beta_std(torch.tensor(s_.mu), torch.tensor(s_.kappa * scale)).numpy()) for s_ in held_sc], beta=True)
         out["kappa_scaled"].append({"scale": scale, "coverage90": cal["coverage90"], "width90": cal["width90"], "bb_nll": cal["bb_nll"]})
     out["bayes_beta"] = {"coverage90": cal["bayes_beta_coverage90"], "width90": cal["bayes_beta_width90"], "bayes_width90": cal["bayes_width90"]}
     out["demo_results"] = {key: res0["calibration"]["betaprm"][key] for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll")}

@@ -111,7 +111,7 @@ def main(argv=None):
     ap.add_argument("--eval-problems", type=int, default=300, help="fresh evaluation problems")
     ap.add_argument("--eval-traces", type=int, default=8, help="policy traces per evaluation problem")
     ap.add_argument("--eval-every", type=int, default=0, help="also measure the PRM every this many optimiser steps (the curve in probe.json, rewritten at each point, so a run cut short keeps it; 0: only at the end)")
-    skip = {"out", "quick", "long", "aca", "n_val_problems", "n_test_problems", "n_candidates", "world_config"}
+    skip = {"out", "quick", "long", "aca", "parallel_prms", "n_val_problems", "n_test_problems", "n_candidates", "world_config"}
     for f in fields(DemoConfig):
         if f.name in skip:
             continue

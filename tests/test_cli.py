@@ -30,7 +30,8 @@ def test_help_lists_commands_and_options():
 BON_KEYS = {"single_pass", "majority_vote", "standard_prm_mean", "betaprm_mean", "betaprm_rb", "standard_prm_vote",
             "betaprm_vote", "bayes_top1", "bayes_vote", "oracle"}
 CAL_KEYS = {"mu_mae_bayes", "mu_mae_true", "bb_nll"}
-BETA_KEYS = CAL_KEYS | {"spearman_kappa_bayes", "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90"}
+BETA_KEYS = CAL_KEYS | {"spearman_kappa_bayes", "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90",
+                        "spearman_kappa_bayes_unsettled", "share_settled", "bayes_beta_coverage90", "bayes_beta_width90"}
 
 
 def _finite_numbers(x):
@@ -73,6 +74,11 @@ def test_demo_quick_end_to_end(tmp_path):
         bias = r["clean_bias_by_step"][name]
         assert 4 <= len(bias) <= 8 and all(-1 <= b <= 1 for b in bias)
     assert CAL_KEYS <= set(r["calibration"]["standard_prm"]) and BETA_KEYS <= set(r["calibration"]["betaprm"])
+    cb = r["calibration"]["betaprm"]
+    for key in ("coverage90", "bayes_beta_coverage90", "share_settled"):
+        assert 0 <= cb[key] <= 1, key
+    # the best Beta (Bayes mean and kappa*) is narrower than no belief at all, wider than the discrete Bayes belief's interval
+    assert 0 < cb["bayes_width90"] <= cb["bayes_beta_width90"] + 1e-9 < 1
     assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
     assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]
     # The ACA table (issue 5): every variant with accuracy, interval and tokens; no variant
@@ -160,6 +166,7 @@ def test_config_file_then_flags(tmp_path, capsys):
     args = build_parser().parse_args(["demo", "--config", str(cfg), "--prm-steps", "2"])
     c = config_from_args(DemoConfig, args)
     assert c.prm_steps == 2 and c.n_val_problems == 8 and c.effective().n_test_problems == 1000  # flag wins, file fills
+    assert c.n_test_problems is None  # unset until effective() fills it from the recipe or a preset
     cfg.write_text("stepz: 3\n")
     assert main(["demo", "--config", str(cfg)]) == 2
     assert "unknown keys ['stepz']" in capsys.readouterr().err

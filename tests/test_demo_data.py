@@ -102,3 +102,18 @@ def test_step_diagnostics_split_by_offset_parity_only_for_an_even_modulus():
             assert d["first_error_auroc_odd"] > 0.9 and d["first_error_auroc_even"] > 0.9
             par = _step_diagnostics(pools, [[m[0] for m in p.parity] for p in pools])
             assert par["first_error_auroc_odd"] > 0.9 and par["first_error_auroc_even"] < 0.7
+
+
+def test_help_states_the_recipe_and_preset_values():
+    """The help of each preset-controlled setting names the default recipe's value and each
+    preset's, as BASE and PRESETS hold them (the help is written by hand)."""
+    from dataclasses import fields
+
+    from betaprm.demo import BASE, PRESETS
+
+    helps = {f.name: f.metadata["help"] for f in fields(DemoConfig)}
+    for key, value in BASE.items():
+        assert f"({value}" in helps[key], key
+    for preset, values in PRESETS.items():
+        for key, value in values.items():
+            assert f"--{preset} {value}" in helps[key], (preset, key)

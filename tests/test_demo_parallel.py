@@ -4,11 +4,13 @@ with the same thread count."""
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
-from betaprm.demo import PRM_JOBS, DemoConfig, _backbone, _train_and_score, _train_prms, demo_data
+from betaprm.demo import PRM_JOBS, DemoConfig, _backbone, _train_prms, demo_data
 from betaprm.synth import World
 
 
@@ -30,9 +32,12 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
     try:
         torch.set_num_threads(2)  # the parallel path, with one thread per worker, on any machine
         models, histories, scores = _train_prms(eff, par, 3, "cpu", lines.append, to_score)
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # one after the other in this process (the --no-parallel-prms path)
+        seq_lines = []
+        ref_models, ref_histories, ref_all = _train_prms(replace(eff, parallel_prms=False), seq, 3, "cpu", seq_lines.append, to_score)
+        assert seq_lines[-1].startswith("scored 64 candidates (") and "same time" not in seq_lines[-1]
         for name, objective in PRM_JOBS:
-            prm, history, ref_scores, _ = _train_and_score(eff, seq, name, objective, 3, "cpu", to_score, lambda *a: None)
+            prm, history, ref_scores = ref_models[name], ref_histories[name], ref_all[name]
             ref = prm.state_dict()
             got = models[name].state_dict()
             assert ref.keys() == got.keys()
@@ -45,3 +50,16 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
         torch.set_num_threads(threads)
     assert "at the same time, 1 thread each" in lines[-1] and lines[-1].startswith("scored 64 candidates")
     assert not models["betaprm"].training
+
+
+def test_a_failing_worker_is_named(tmp_path):
+    """A PRM whose training fails in its worker: an error naming it, not a bare pool error."""
+    eff = DemoConfig(quick=True, prm_steps=2).effective()
+    (tmp_path / "train_counts.jsonl").write_text('{"id": "x"}\n')  # and no backbone
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(RuntimeError, match=r"training the (standard_prm|betaprm) PRM failed in its worker process"):
+            _train_prms(eff, tmp_path, 0, "cpu", lambda *a: None, [])
+    finally:
+        torch.set_num_threads(threads)

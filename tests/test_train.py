@@ -213,3 +213,18 @@ def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
 
     assert mean_spread(order) < mean_spread(list(np.random.default_rng(0).permutation(len(lengths))))
     assert not isinstance(train(cfg(lm_dir, counts, tmp_path / "r", max_steps=1, save_steps=100))[1]._get_train_sampler(), LengthGroupedSampler)
+
+
+def test_group_by_length_on_older_transformers(monkeypatch):
+    """Before train_sampling_strategy (transformers < 5.2) the option is the old boolean."""
+    import dataclasses
+
+    import transformers
+
+    from betaprm.train import _sampling
+
+    assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {"train_sampling_strategy": "group_by_length"}
+    real = dataclasses.fields
+    monkeypatch.setattr(dataclasses, "fields", lambda cls: [f for f in real(cls) if f.name != "train_sampling_strategy"] if cls is transformers.TrainingArguments else real(cls))
+    assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {"group_by_length": True}
+    assert _sampling(TrainConfig(model="m", data="d")) == {}

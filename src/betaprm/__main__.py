@@ -2,5 +2,5 @@ import sys
 
 from .cli import main
 
-if __name__ == "__main__":  # not when a worker process (spawn) imports it
+if __name__ == "__main__":  # only when run, never on import
     sys.exit(main())

@@ -58,7 +58,7 @@ class DemoConfig:
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     kappa_detach: bool = _f(True, "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)")
-    parallel_prms: bool = _f(True, "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each, about 1.2x faster on 2 cores than one after the other (float results differ slightly from a sequential run); on a GPU, sharing it")
+    parallel_prms: bool = _f(True, "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each, about 1.2x faster on 2 cores than one after the other (the same PRMs as one after the other with that thread count); on a GPU, sharing it. From Python, call run_demo under if __name__ == '__main__' (the workers are spawned)")
     group_by_length: bool = _f(False, "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, but in the README's run it cost AUROC")
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
@@ -93,7 +93,7 @@ class DemoConfig:
         return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
 
-# The default recipe's values of the settings that the presets change (README: 11-16 minutes on 2 cores).
+# The default recipe's values of the settings that the presets change (README: about 13 minutes on 2 cores).
 BASE = dict(n_train_problems=3000, n_val_problems=300, n_test_problems=1000, pretrain_tokens=1_000_000, prm_steps=1100, hidden_size=128, num_layers=4)
 PRESETS = {
     "quick": dict(n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3),
@@ -301,18 +301,27 @@ def _train_prms(eff, out, seed, device, log, traces):
         return models, histories, scores
 
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
     from .model import BetaPRM
 
     t0 = time.perf_counter()
+    split = [max(1, (threads + 1) // 2), max(1, threads // 2)]  # an odd thread count: one more for the first
     with ProcessPoolExecutor(len(PRM_JOBS), mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [ex.submit(_train_and_score_job, eff, str(out), name, objective, seed, device, traces, max(1, threads // 2)) for name, objective in PRM_JOBS]
+        futures = [ex.submit(_train_and_score_job, eff, str(out), name, objective, seed, device, traces, n) for (name, objective), n in zip(PRM_JOBS, split)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for (name, _), f in zip(PRM_JOBS, futures):
+            if f.done() and f.exception() is not None:
+                # Do not wait for the other PRM's training (an hour with --long) to see this.
+                for proc in list((getattr(ex, "_processes", None) or {}).values()):
+                    proc.terminate()
+                raise RuntimeError(f"training the {name} PRM failed in its worker process ({type(f.exception()).__name__}: {f.exception()}); "
+                                   "--no-parallel-prms trains in this process, with the full traceback") from f.exception()
         done = [f.result() for f in futures]
     for (name, _), (line, history, sc, _) in zip(PRM_JOBS, done):
         log(line)
-        models[name], histories[name], scores[name] = BetaPRM.from_pretrained(out / name).eval(), history, sc
-    each = "on one GPU" if device == "cuda" else f"{threads // 2} thread{'s' * (threads // 2 > 1)} each"
+        models[name], histories[name], scores[name] = BetaPRM.from_pretrained(out / name, device=device).eval(), history, sc
+    each = "on one GPU" if device == "cuda" else f"{split[0]}{'' if split[0] == split[1] else ' and ' + str(split[1])} thread{'s' * (split[0] > 1)} each"
     log(f"scored {2 * len(traces)} candidates ({max(d[3] for d in done):.0f}s; the two PRMs trained and scored at the same time, {each}: {time.perf_counter() - t0:.0f}s in all)")
     return models, histories, scores
 
@@ -542,6 +551,9 @@ def _scores(c):
 
 
 def run_demo(cfg: DemoConfig, log=print) -> dict:
+    """Run the demo (module docstring) and return its results (also in ``OUT/results.json``).
+    With ``parallel_prms`` (the default) the PRMs train in spawned worker processes, so a
+    script that calls this must do so under ``if __name__ == "__main__":``."""
     import torch
 
     from .evaluation import plots

@@ -10,8 +10,8 @@ Generates problems and Monte Carlo labels, pretrains a small Llama as a language
 fine-tunes a standard PRM (soft-ce) and a BetaPRM (beta-binomial) with the same budget,
 scores Best-of-16 pools, tunes selectors on validation, and prints the Best-of-N,
 verification and calibration tables. Writes results.json and PNG plots to --out.
-The default run takes 10-13 minutes on 2 cores (the two PRMs train at the same time);
---quick about 1. --long is the recipe that also learns the mod-5 half of the step check
+The default run takes about 13 minutes on 2 cores (the two PRMs train at the same time);
+--quick about 1 minute. --long is the recipe that also learns the mod-5 half of the step check
 (over an hour on 2 cores, 5-6 minutes with --device cuda on one H200); flags given
 explicitly win over --quick and --long."""
 
