@@ -138,9 +138,14 @@ def main(argv=None):
     test_sc = scores(test_f)
     out["kappa_scaled"] = []
     held_sc = scores(held_f)
+
+    def scaled(sc, c):  # the same mu, kappa times c, sigma from both
+        kap = sc.kappa * c
+        return StepScores(sc.mu, kap, beta_std(torch.tensor(sc.mu), torch.tensor(kap)).numpy())
+
     for scale in a.scales:
-        pooled = [[StepScores(s_.mu, s_.kappa * scale, beta_std(torch.tensor(s_.mu), torch.tensor(s_.kappa * scale)).numpy()) for s_ in test_sc[i * k_per : (i + 1) * k_per]] for i in range(len(test_pools))]
-        cal, _ = _calibration(test_pools, pooled, held_records, [StepScores(s_.mu, s_.kappa * scale, beta_std(torch.tensor(s_.mu), torch.tensor(s_.kappa * scale)).numpy()) for s_ in held_sc], beta=True)
+        pooled = [[scaled(s_, scale) for s_ in test_sc[i * k_per : (i + 1) * k_per]] for i in range(len(test_pools))]
+        cal, _ = _calibration(test_pools, pooled, held_records, [scaled(s_, scale) for s_ in held_sc], beta=True)
         out["kappa_scaled"].append({"scale": scale, "coverage90": cal["coverage90"], "width90": cal["width90"], "bb_nll": cal["bb_nll"]})
     out["bayes_beta"] = {"coverage90": cal["bayes_beta_coverage90"], "width90": cal["bayes_beta_width90"], "bayes_width90": cal["bayes_width90"]}
     out["demo_results"] = {key: res0["calibration"]["betaprm"][key] for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll")}

@@ -10,9 +10,9 @@ import torch
 from betaprm.cli import main
 
 
-def run_cli(*args, cwd=None):
+def run_cli(*args, cwd=None, timeout=300):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def test_help_lists_commands_and_options():
@@ -51,6 +51,7 @@ def test_demo_quick_end_to_end(tmp_path):
         assert text in res.stdout
     r = json.loads((tmp_path / "d" / "results.json").read_text())
     assert r["seed"] == 0 and r["version"] and r["config"]["quick"] is True and r["world"]["modulus"] == 10
+    assert r["seconds"] < 180  # issue 4 item 3: --quick within 3 minutes on 2 cores
     assert BON_KEYS <= set(r["bon"])
     for v in r["bon"].values():
         assert set(v) == {"acc", "ci"} and 0 <= v["ci"][0] <= v["acc"] <= v["ci"][1] <= 1
@@ -170,3 +171,14 @@ def test_config_file_then_flags(tmp_path, capsys):
     cfg.write_text("stepz: 3\n")
     assert main(["demo", "--config", str(cfg)]) == 2
     assert "unknown keys ['stepz']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_default_within_15_minutes(tmp_path):
+    """Issue 4 item 3: the default run (`make demo`) within 15 minutes on 2 cores, with
+    1,000 test pools of 16 (about 13 minutes on the README's CPU; `make test-all`)."""
+    res = run_cli("demo", "--out", str(tmp_path / "d"), timeout=20 * 60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "d" / "results.json").read_text())
+    assert r["effective_config"]["n_test_problems"] == 1000 and r["effective_config"]["n_candidates"] == 16
+    assert r["seconds"] < 15 * 60
