@@ -228,3 +228,26 @@ def test_group_by_length_on_older_transformers(monkeypatch):
     monkeypatch.setattr(dataclasses, "fields", lambda cls: [f for f in real(cls) if f.name != "train_sampling_strategy"] if cls is transformers.TrainingArguments else real(cls))
     assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {"group_by_length": True}
     assert _sampling(TrainConfig(model="m", data="d")) == {}
+
+
+def test_non_finite_training_stops_before_writing_nan_weights(tmp_path, lm_dir, counts, capsys):
+    """Fails before this change: a diverging run logged ``grad_norm nan``, saved a model
+    whose every tensor was NaN and exited 0."""
+    from betaprm.cli import main
+    from betaprm.model import CONFIG_NAME
+
+    out = tmp_path / "run"
+    rc = main(["train", "--model", str(lm_dir), "--data", str(counts), "--output-dir", str(out), "--global-batch-size", "8",
+               "--per-device-batch-size", "4", "--learning-rate", "1e30", "--warmup-ratio", "0", "--max-steps", "6",
+               "--save-steps", "1", "--use-cpu", "--report-to", "none"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "training stopped at optimiser step" in err and "non-finite" in err and "Traceback" not in err
+    assert "in the batch of records 'r" in err  # the batch is named by record ids
+    assert not (out / CONFIG_NAME).exists()  # no final model
+    # Every checkpoint written before the stop holds finite weights.
+    from safetensors.torch import load_file
+
+    ckpts = sorted(out.glob("checkpoint-*"))
+    for c in ckpts:
+        assert all(torch.isfinite(t).all() for t in load_file(c / "model.safetensors").values()), c

@@ -239,6 +239,7 @@ def run_aca(
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
     from ``out`` when it already holds them)."""
+    from .provenance import json_line
     from .scoring import _completed_ids
 
     done_ids = _completed_ids(out) if out else set()
@@ -281,7 +282,7 @@ def run_aca(
                     rec = s.record(is_correct, write_candidates)
                     fresh[s.task.id] = rec
                     if fh:
-                        fh.write(json.dumps(rec) + "\n")
+                        fh.write(json_line(rec))  # a NaN raises before the record is written
                         fh.flush()
                     if bar:
                         bar.update(1)

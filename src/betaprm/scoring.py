@@ -17,7 +17,7 @@ import torch
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
 
-__all__ = ["PRMScorer", "StepScores", "score_token_ids", "score_traces"]
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "PRMScorer", "StepScores", "score_token_ids", "score_traces", "token_batches"]
 
 
 @dataclass
@@ -77,7 +77,6 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-@torch.no_grad()
 def split_by_trace(out, n: int) -> list[StepScores]:
     """A forward pass's per-marker outputs (row-major) -> one ``StepScores`` per trace."""
     counts = torch.bincount(out.row, minlength=n).tolist()
@@ -85,43 +84,124 @@ def split_by_trace(out, n: int) -> list[StepScores]:
     return [StepScores.from_mu_kappa(m.numpy(), k.numpy()) for m, k in zip(mus, kappas)]
 
 
-def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int = 16, progress=None) -> list[StepScores]:
-    """Score already-encoded traces (lists of token ids with marker tokens).
+DEFAULT_MAX_BATCH_TOKENS = 16384
+"""Padded tokens per forward pass when scoring: memory follows tokens, not traces. With
+SDPA attention a forward's activations grow with batch x longest trace, so this bounds
+them whatever the mix of long and short traces."""
 
-    ``progress``: an optional callable given the number of traces finished per batch.
+
+def token_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None) -> list[list[int]]:
+    """Indices packed longest first into batches whose padded size (number of traces x
+    the longest one's length) is at most ``max_batch_tokens``; a trace longer than the
+    budget is scored alone. ``max_batch_size`` optionally caps the traces per batch."""
+    if max_batch_tokens < 1:
+        raise BetaPRMInputError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise BetaPRMInputError(f"batch size must be >= 1, got {max_batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        b = batches[-1] if batches else None
+        # Longest first: the batch's first trace sets its padded width.
+        if b and (len(b) + 1) * max(lengths[b[0]], 1) <= max_batch_tokens and (max_batch_size is None or len(b) < max_batch_size):
+            b.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def max_positions(prm) -> int | None:
+    """The backbone's number of positions (``max_position_embeddings``), or None."""
+    cfg = prm.backbone.config
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+    n = getattr(cfg, "max_position_embeddings", None)
+    return int(n) if n else None
+
+
+TRUNCATE_MODES = ("error", "steps")
+
+
+def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """Encoded traces made to fit the model's positions: ``(ids, steps kept)`` per trace.
+
+    ``truncate="error"`` stops at the first trace longer than the model's positions,
+    naming it; ``"steps"`` keeps its first whole steps that fit (as training does), so
+    its scores cover those steps only. A trace of which not even one step fits is an
+    error in both modes: there is nothing to score.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if truncate not in TRUNCATE_MODES:
+        raise BetaPRMInputError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
+    from .formatting import fit_to_length, read_positions
+
+    limit = max_length or max_positions(prm)
+    marker, rep = prm.config.marker_id, prm.config.marker_repeat
+    out_ids, kept = [], []
+    for j, ids in enumerate(token_ids):
+        if limit is None or len(ids) <= limit:
+            out_ids.append(list(ids))
+            kept.append(len(read_positions(ids, marker, rep)))
+            continue
+        name = names[j] if names is not None else f"trace {j}"
+        if truncate == "error":
+            raise BetaPRMInputError(
+                f"{name}: {len(ids)} tokens, more than the model's {limit} positions; pass --truncate steps "
+                "to score the whole steps that fit (the others get no score), or use a model with more positions"
+            )
+        cut, n = fit_to_length(ids, marker, limit, rep)
+        if n == 0:
+            raise BetaPRMInputError(f"{name}: not even its first step fits in the model's {limit} positions ({len(ids)} tokens); shorten the question or use a model with more positions")
+        out_ids.append(cut)
+        kept.append(n)
+    return out_ids, kept
+
+
+def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int | None = None, progress=None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> list[StepScores]:
+    """Score already-encoded traces (lists of token ids with marker tokens), in order.
+
+    Batches are packed by ``max_batch_tokens`` padded tokens (and at most ``batch_size``
+    traces when given), so memory is bounded by tokens, not by the number of traces.
+    No autograd graph is kept. ``progress``: an optional callable given the number of
+    traces finished per batch.
+    """
     device = prm.device
     pad = _pad_id(prm.tokenizer)
     results: list[StepScores | None] = [None] * len(token_ids)
     was_training = prm.training
     prm.eval()
     try:
-        for batch in length_batches([len(t) for t in token_ids], batch_size):
-            ids, mask = pad_batch([token_ids[i] for i in batch], pad)
-            with _autocast(device):
-                out = prm(ids.to(device, non_blocking=True), attention_mask=mask.to(device, non_blocking=True))
-            for i, sc in zip(batch, split_by_trace(out, len(batch))):
-                results[i] = sc
-            if progress is not None:
-                progress(len(batch))
+        with torch.inference_mode():
+            for batch in token_batches([len(t) for t in token_ids], max_batch_tokens, batch_size):
+                ids, mask = pad_batch([token_ids[i] for i in batch], pad)
+                with _autocast(device):
+                    out = prm(ids.to(device, non_blocking=True), attention_mask=mask.to(device, non_blocking=True))
+                for i, sc in zip(batch, split_by_trace(out, len(batch))):
+                    results[i] = sc
+                del out
+                if progress is not None:
+                    progress(len(batch))
     finally:
         prm.train(was_training)
     return results  # type: ignore[return-value]
 
 
-def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: int = 16, progress=None) -> list[StepScores]:
+def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: int | None = None, progress=None, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                 truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None) -> list[StepScores]:
     """Score ``(question, steps)`` traces, or ``(question, steps, image paths)`` with a
-    vision-language BetaPRM; one ``StepScores`` per trace, in order."""
+    vision-language BetaPRM; one ``StepScores`` per trace, in order.
+
+    A trace longer than the model's positions is an error naming it (``names[i]``, or
+    its index), unless ``truncate="steps"``: then its scores cover the whole steps that
+    fit, so ``len(scores[i]) < len(steps)`` for that trace (see ``fit_traces``).
+    """
     if getattr(prm, "processor", None) is not None:
         from .vision import score_multimodal
 
-        return score_multimodal(prm, traces, batch_size=batch_size)
+        return score_multimodal(prm, traces, batch_size=batch_size or 8, progress=progress)
     if any(len(t) > 2 and t[2] for t in traces):
         raise BetaPRMInputError("traces with images need a vision-language BetaPRM; this one is text-only")
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(t[0], t[1]) for t in traces], prm.config.trace_format)
-    return score_token_ids(prm, ids, batch_size=batch_size, progress=progress)
+    ids, _ = fit_traces(prm, ids, truncate, names, max_length)
+    return score_token_ids(prm, ids, batch_size=batch_size, progress=progress, max_batch_tokens=max_batch_tokens)
 
 
 # ---------------------------------------------------------------------- files
@@ -163,19 +243,22 @@ def _pool_images(record: dict, input_path) -> list[str]:
     return [p if Path(p).is_absolute() else str(base / p) for p in imgs]
 
 
-def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error: str = "fail", rejects=None, chunk_candidates: int = 256, show_progress: bool = True) -> dict:
+def score_pool_file(prm, input_path, output_path, batch_size: int | None = None, on_error: str = "fail", rejects=None, chunk_candidates: int = 256, show_progress: bool = True,
+                    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, truncate: str = "error") -> dict:
     """Score a JSONL file of candidate pools into ``output_path``, appending.
 
     Each output line is the input record with ``mu``, ``kappa`` and ``sigma`` lists added
     to every candidate. Records whose id is already in the output are skipped, so an
-    interrupted run continues where it stopped, with nothing duplicated.
+    interrupted run continues where it stopped, with nothing duplicated. With
+    ``truncate="steps"`` a candidate longer than the model's positions is scored on the
+    whole steps that fit and carries ``steps_scored`` (the length of its score lists).
     """
-    import json
     from pathlib import Path
 
     from tqdm.auto import tqdm
 
     from .data.records import read_records
+    from .provenance import json_line
 
     loaded = read_records(input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects)
     done = _completed_ids(output_path)
@@ -196,12 +279,13 @@ def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error
                 if any(t[2] for t in traces):
                     raise BetaPRMInputError(f"{input_path}: pools with images need a vision-language BetaPRM; {type(prm.backbone).__name__} is text-only")
                 traces = [t[:2] for t in traces]
-            scores = iter(score_traces(prm, traces, batch_size=batch_size))
+            names = [f"{input_path}: record {r['id']!r} candidate {j}" for r in pools for j in range(len(r["candidates"]))]
+            scores = iter(score_traces(prm, traces, batch_size=batch_size, max_batch_tokens=max_batch_tokens, truncate=truncate, names=names))
             lines = []
             for r in pools:
                 rec = dict(r)
-                rec["candidates"] = [{**c, **next(scores).to_dict()} for c in r["candidates"]]
-                lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
+                rec["candidates"] = [{**c, **scored_fields(next(scores), len(c["steps"]))} for c in r["candidates"]]
+                lines.append(json_line(rec, ensure_ascii=False))  # a NaN raises before this chunk is written
             # One write per record: a kill leaves at most one partial line, which the
             # next run removes.
             out.writelines(lines)
@@ -213,13 +297,24 @@ def score_pool_file(prm, input_path, output_path, batch_size: int = 16, on_error
     return stats
 
 
+def scored_fields(scores: StepScores, n_steps: int) -> dict:
+    """A candidate's ``mu``/``kappa``/``sigma`` lists, plus ``steps_scored`` when the
+    trace was cut to fewer steps than it has (``truncate="steps"``)."""
+    d = scores.to_dict()
+    if len(scores) < n_steps:
+        d["steps_scored"] = len(scores)
+    return d
+
+
 class PRMScorer:
     """A ``Scorer`` for ACA and the labeller: ``scorer(traces) -> list[StepScores]``
-    with a BetaPRM (or a standard PRM trained by betaprm) and a batch size."""
+    with a BetaPRM (or a standard PRM trained by betaprm), batches packed by
+    ``max_batch_tokens`` (and at most ``batch_size`` traces when given)."""
 
-    def __init__(self, prm, batch_size: int = 16):
+    def __init__(self, prm, batch_size: int | None = None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS):
         self.prm = prm
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
 
     def __call__(self, traces: Sequence[tuple[str, Sequence[str]]]) -> list[StepScores]:
-        return score_traces(self.prm, [(q, list(s)) for q, s in traces], batch_size=self.batch_size)
+        return score_traces(self.prm, [(q, list(s)) for q, s in traces], batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
-from .errors import BetaPRMInputError
+from .errors import BetaPRMInputError, TrainingDivergedError
 
 OBJECTIVES = ("beta-binomial", "soft-ce", "hard-ce")
 STATE_NAME = "model.safetensors"
@@ -167,9 +167,38 @@ def _trainer_class():
             self.model_accepts_loss_kwargs = False
             self.loss_is_scaled_for_ga = False
             self._buf: dict[str, list] = {}
+            # Ids of the records in each micro-batch since the last optimiser step, to
+            # name them if the step turns out non-finite (set by train()).
+            self.record_ids: list[str] | None = None
+            self._step_rows: list[torch.Tensor] = []
+            self.add_callback(_NonFiniteStop(self))
+
+        # ---- non-finite loss or gradient: stop before the optimiser writes NaN weights
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            rows = inputs.pop("record_index", None)
+            if rows is not None:
+                self._step_rows.append(rows)
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            # The Trainer itself tests every step's loss for NaN/inf (logging_nan_inf_filter),
+            # so this adds no synchronisation of its own that matters.
+            if not torch.isfinite(loss).all():
+                self.diverged(f"non-finite loss ({loss.item()})")
+            return loss
+
+        def diverged(self, what: str):
+            rows = torch.cat(self._step_rows).tolist() if self._step_rows else []
+            ids = [self.record_ids[i] for i in rows] if self.record_ids and rows else []
+            shown = ", ".join(repr(i) for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+            raise TrainingDivergedError(
+                f"training stopped at optimiser step {self.state.global_step + 1}: {what}"
+                + (f" in the batch of records {shown}" if ids else "")
+                + ". Nothing of this step was applied and the last checkpoint is intact. Check those records' "
+                "counts, or lower --learning-rate / raise --warmup-ratio (then --resume-from-checkpoint last, or start anew)."
+            )
 
         # ---- loss
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            inputs.pop("record_index", None)
             k = inputs.pop("mc_correct").float()
             n = inputs.pop("mc_total").float()
             out = model(**inputs, return_hidden=self.aux_lm_weight > 0, detach_kappa=self.kappa_detach)
@@ -266,6 +295,29 @@ def _trainer_class():
             load_state(model if model is not None else self.model, path)
 
     return BetaPRMTrainer
+
+
+def _non_finite_stop_class():
+    from transformers import TrainerCallback
+
+    class NonFiniteStop(TrainerCallback):
+        """Checks the gradients after clipping and before the optimiser step: a NaN or
+        inf gradient (from a finite loss too, e.g. an overflow) stops training."""
+
+        def __init__(self, trainer):
+            self.trainer = trainer
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            grads = [p.grad for p in (model or self.trainer.model).parameters() if p.grad is not None]
+            if grads and not torch.isfinite(torch.stack([g.float().norm() for g in grads])).all():
+                self.trainer.diverged("non-finite gradient")
+            self.trainer._step_rows = []
+
+    return NonFiniteStop
+
+
+def _NonFiniteStop(trainer):
+    return _non_finite_stop_class()(trainer)
 
 
 # ---------------------------------------------------------------------- building blocks
@@ -431,6 +483,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
         aux_lm_weight=cfg.aux_lm_weight,
         callbacks=list(callbacks or []),
     )
+    trainer.record_ids = [r.id for r in loaded.records]
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

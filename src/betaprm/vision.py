@@ -146,8 +146,11 @@ def freeze_vision(backbone, train_vision: bool = False) -> int:
     return n
 
 
-def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8):
-    """``StepScores`` for ``(question, steps, image paths)`` traces, in order."""
+def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8, progress=None):
+    """``StepScores`` for ``(question, steps, image paths)`` traces, in order.
+
+    Batches hold ``batch_size`` traces: an image's token count is only known after the
+    processor has run, so vision-language scoring is not packed by tokens."""
     from .scoring import _autocast, split_by_trace
 
     out: list = []
@@ -157,9 +160,11 @@ def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8):
         for b in range(0, len(traces), batch_size):
             chunk = traces[b : b + batch_size]
             enc = {k: v.to(prm.device) for k, v in encode_multimodal(prm, chunk).items()}
-            with torch.no_grad(), _autocast(prm.device):
+            with torch.inference_mode(), _autocast(prm.device):
                 res = prm(**enc)
-            out.extend(split_by_trace(res, len(chunk)))
+                out.extend(split_by_trace(res, len(chunk)))
+            if progress is not None:
+                progress(len(chunk))
     finally:
         prm.train(was)
     return out

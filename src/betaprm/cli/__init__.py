@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import BetaPRMInputError
+from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
 from . import aca, convert, demo, eval_bon, eval_steps, label, score, train, validate
 
@@ -51,6 +51,11 @@ def main(argv=None) -> int:
         if args.debug:
             raise
         print(f"betaprm {args.command}: generation failed: {e}", file=sys.stderr)
+        return 1
+    except TrainingDivergedError as e:
+        if args.debug:
+            raise
+        print(f"betaprm {args.command}: {e}", file=sys.stderr)
         return 1
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import get_type_hints
 
@@ -42,23 +41,29 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
 
 
 def load_config_file(path: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise BetaPRMInputError(f"--config {path}: no such file")
-    text = p.read_text()
-    try:
-        if p.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
+    from ..data.records import BadJSON, decode_utf8, load_json_file, open_input
 
-            data = yaml.safe_load(text)
-    except Exception as e:
-        raise BetaPRMInputError(f"--config {path}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}") from None
+    p = Path(path)
+    if p.suffix == ".json":
+        data = load_json_file(p, "--config", "a JSON object of option names to values")
+    else:
+        import yaml
+
+        with open_input(p, "--config") as f:
+            raw = f.read()
+        try:
+            data = yaml.safe_load(decode_utf8(raw))
+        except BadJSON as e:
+            raise BetaPRMInputError(f"--config {path}:{e.lineno}: {e.reason}; fix: save the file as UTF-8") from None
+        except (yaml.YAMLError, RecursionError) as e:
+            raise BetaPRMInputError(f"--config {path}: not valid YAML: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise BetaPRMInputError(f"--config {path}: expected a mapping of option names to values, got {type(data).__name__}")
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        raise BetaPRMInputError(f"--config {path}: option names must be strings, got {bad_keys[0]!r}")
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 

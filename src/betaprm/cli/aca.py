@@ -17,7 +17,9 @@ never as wrong). Generation: --backend synth | transformers | openai | vllm.
 
 Each problem appends one record to --out (rounds, cut points, stop reason, pool size,
 generated tokens, the candidates with their scores); rerunning the same command skips the
-problems already there. --variant picks the paper's ablations:
+problems already there. OUT.meta.json records the settings that made the records (a rerun
+with other settings stops and names them); OUT.lock keeps a second process out of --out.
+--variant picks the paper's ablations:
   aca            ACA with the learned uncertainty (BetaPRM), final choice by S_RB
   no-early-stop  always spend the budget, still repairing uncertain prefixes
   reward-only    sigma = 0 (for a standard PRM): the stopping test is a score margin
@@ -27,6 +29,8 @@ S_RB needs its sigma threshold: --final-tau, or, on the chain-arithmetic world, 
 its validation split when not given (--final rb); on a problems file without --final-tau
 the final choice falls back to S_lin and says so."""
 
+from ._scoring import BatchOptions
+
 VARIANTS = ("aca", "no-early-stop", "reward-only", "proxy", "best-of-n")
 
 
@@ -35,7 +39,7 @@ def _f(default, help_text):
 
 
 @dataclass
-class ACACommandConfig(BackendOptions):
+class ACACommandConfig(BatchOptions, BackendOptions):
     model: str = _f("", "the PRM directory that scores candidates (betaprm train output)")
     out: str = _f("", "JSONL file of per-problem records (appended; a rerun resumes)")
     problems: str | None = _f(None, "JSONL problems with id, question, answer (default: the chain-arithmetic test split)")
@@ -54,7 +58,6 @@ class ACACommandConfig(BackendOptions):
     final: str = _f("rb", "final selector: rb, lin, mean, min, last, prod")
     final_lam: float | None = _f(None, "lambda of the final selector (default: tuned with tau, else 0.5)")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (default: tuned on the world's validation split)")
-    batch_size: int = _f(64, "candidates per PRM forward pass")
     device: str = _f("auto", "PRM device: auto, cpu, cuda, ...")
     write_candidates: bool = _f(True, "keep every candidate's steps and scores in the records")
     plots: str | None = _f(None, "write aca_tokens.png (accuracy against generated tokens) into this folder")
@@ -63,7 +66,7 @@ class ACACommandConfig(BackendOptions):
     def __post_init__(self):
         from ..errors import BetaPRMInputError
 
-        bad = self._check_backend()
+        bad = self._check_backend() + self.batch_problems()
         if not self.model:
             bad.append("--model is required (the PRM that scores candidates)")
         if not self.out:
@@ -98,30 +101,54 @@ def read_problems(path: str) -> list:
     """Text problems (id, question, answer) with file:line errors."""
     from ..aca import Task
     from ..errors import BetaPRMInputError
-    from ..data.records import read_objects
+    from ..data.records import problem_fields, read_objects
 
     tasks, seen = [], set()
-    for where, r in read_objects(path, ("id", "question", "answer"), "id, question and answer (the reference, for ACA's accuracy)"):
-        if str(r["id"]) in seen:
-            raise BetaPRMInputError(f"{where}: id {r['id']!r} appears twice; ids must be unique")
-        seen.add(str(r["id"]))
-        tasks.append(Task(str(r["id"]), str(r["question"]), str(r["answer"])))
+    for where, r in read_objects(path, ("id", "question", "answer"), "id, question and answer (the reference, for ACA's accuracy)", flag="--problems"):
+        rid, question, answer = problem_fields(r, where)
+        if rid in seen:
+            raise BetaPRMInputError(f"{where}: id {rid!r} appears twice; ids must be unique")
+        seen.add(rid)
+        tasks.append(Task(rid, question, answer))
     return tasks
 
 
+# Options that do not change a record (batching, device, paths, how a server is reached,
+# how many problems): left out of the settings a resumed --out must match. The model
+# and the world's settings file enter as fingerprints of their contents.
+NOT_RESULTS = {"model", "policy", "out", "problems", "n_problems", "world_config", "batch_size", "max_batch_tokens", "device", "plots", "baseline",
+               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size"}
+
+
+def result_settings(cfg) -> dict:
+    """What makes --out's records: compared with OUT.meta.json when a run resumes."""
+    from ..provenance import fingerprint, model_fingerprint, settings_of
+
+    return {"model": model_fingerprint(cfg.model), "policy": fingerprint(cfg.policy) if cfg.policy else "",
+            "world_config": fingerprint(cfg.world_config) if cfg.world_config else None, **settings_of(cfg, NOT_RESULTS)}
+
+
 def run(args):
+    from ..provenance import open_output
+    from ._config import config_from_args
+
+    cfg = config_from_args(ACACommandConfig, args)
+    # Checked (and locked) before the model loads and S_RB is tuned: a wrong resume stops at once.
+    with open_output(cfg.out, result_settings(cfg), {"model": cfg.model, "policy": cfg.policy, "problems": cfg.problems, "world_config": cfg.world_config}):
+        return _run(cfg)
+
+
+def _run(cfg):
     import torch
 
     from ..aca import run_aca, summarize
     from ..generation.factory import build_generator
     from ..model import BetaPRM
     from ..scoring import PRMScorer
-    from ._config import config_from_args
 
-    cfg = config_from_args(ACACommandConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     prm = BetaPRM.from_pretrained(cfg.model, device=device).eval()
-    scorer = PRMScorer(prm, cfg.batch_size)
+    scorer = PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens)
     final_lam, final_tau = cfg.final_lam, cfg.final_tau
     if cfg.problems is None:
         from ..synth import (

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._scoring import ScoringOptions
+
 HELP = "Best-of-N accuracy of every selector on candidate-pool files (one per benchmark)"
 DESCRIPTION = """Best-of-N evaluation, the protocol of the paper's table 1.
 
@@ -23,14 +25,13 @@ def _f(default, help_text):
 
 
 @dataclass
-class EvalBonConfig:
+class EvalBonConfig(ScoringOptions):
     pools: str = _f("", "comma-separated pool files, one per benchmark (the file name is the benchmark name)")
     model: str | None = _f(None, "a PRM directory, to score pools that have no mu/kappa/sigma")
     out: str | None = _f(None, "write the results here (JSON)")
     plots: str | None = _f(None, "write Best-of-n curves (PNG, one per benchmark) into this folder")
     val_fraction: float = _f(0.2, "fraction of each benchmark's problems used to tune S_lin and S_RB")
     seed: int = _f(0, "seed of the split and the bootstrap")
-    batch_size: int = _f(16, "candidates per forward pass when scoring")
     device: str = _f("auto", "auto, cpu, cuda, ...")
     judge_url: str | None = _f(None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify")
     judge_model: str = _f("", "the judge's served model name")
@@ -44,6 +45,7 @@ class EvalBonConfig:
             bad.append("--pools is required (comma-separated pool files)")
         if not 0 < self.val_fraction < 1:
             bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        bad += self.scoring_problems()
         if self.judge_url and not self.judge_model:
             bad.append("--judge-url needs --judge-model")
         if bad:
@@ -79,7 +81,7 @@ def run(args):
             if not cfg.model:
                 raise BetaPRMInputError(f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)")
             prm = prm or _load(cfg)
-            _score_in_place(prm, records, cfg.batch_size, path)
+            _score_in_place(prm, records, cfg, path)
         before = checker.failed
         pools = check_pools(records, final_answer, checker.check_many)
         res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
@@ -121,18 +123,22 @@ def _load(cfg):
     return load_prm(cfg.model, device)[0]
 
 
-def _score_in_place(prm, records, batch_size, path):
-    from ..scoring import _pool_images, score_traces
+def _score_in_place(prm, records, cfg, path):
+    from tqdm.auto import tqdm
+
+    from ..scoring import _pool_images, score_traces, scored_fields
 
     if prm.is_vision:
         traces = [(r["question"], c["steps"], _pool_images(r, path)) for r in records for c in r["candidates"]]
     else:
         traces = [(r["question"], c["steps"]) for r in records for c in r["candidates"]]
-    flat = score_traces(prm, traces, batch_size=batch_size)
+    names = [f"{path}: record {r['id']!r} candidate {j}" for r in records for j in range(len(r["candidates"]))]
+    with tqdm(total=len(traces), desc=f"scoring {Path(path).name}", unit="trace") as bar:
+        flat = score_traces(prm, traces, batch_size=cfg.batch_size, progress=bar.update, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate, names=names)
     it = iter(flat)
     for r in records:
         for c in r["candidates"]:
-            c.update(next(it).to_dict())
+            c.update(scored_fields(next(it), len(c["steps"])))
 
 
 def _curve(pools, res, cfg):

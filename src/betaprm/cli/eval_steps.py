@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._scoring import ScoringOptions
+
 HELP = "step-level error detection on VisualProcessBench-format data (F1, threshold tuned on a validation part)"
 DESCRIPTION = """Step-level error detection, the protocol of the paper's appendix A.4.
 
@@ -22,7 +24,7 @@ def _f(default, help_text):
 
 
 @dataclass
-class EvalStepsConfig:
+class EvalStepsConfig(ScoringOptions):
     model: str = _f("", "a BetaPRM directory, or a plain causal-LM directory (scored zero-shot)")
     data: str = _f("", "VisualProcessBench-format JSONL")
     out: str | None = _f(None, "write overall_f1, per_source, threshold and step counts here (JSON)")
@@ -31,7 +33,6 @@ class EvalStepsConfig:
     lam: float = _f(0.5, "lambda of mu - lambda*sigma")
     val_fraction: float = _f(0.2, "fraction of problems used to choose the threshold")
     seed: int = _f(0, "seed of the problem split")
-    batch_size: int = _f(16, "traces per forward pass")
     device: str = _f("auto", "auto, cpu, cuda, ...")
     ignore_images: bool = _f(False, "score records that have images as text only (for a text-only model)")
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
@@ -44,6 +45,7 @@ class EvalStepsConfig:
             bad.append(f"--score must be auto, mu or mu-sigma, got {self.score!r}")
         if not 0 < self.val_fraction < 1:
             bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        bad += self.scoring_problems()
         if bad:
             raise BetaPRMInputError("bad eval-steps configuration: " + "; ".join(bad))
 
@@ -73,6 +75,8 @@ def run(args):
 
     from ..errors import BetaPRMInputError
     from ..evaluation.steps import evaluate_steps, read_visualprocessbench
+    from tqdm.auto import tqdm
+
     from ..scoring import score_traces
     from ._config import config_from_args
 
@@ -86,7 +90,9 @@ def run(args):
                                 "use a vision-language BetaPRM, or --ignore-images to score the text alone")
     mode = cfg.score if cfg.score != "auto" else ("mu-sigma" if kind == "beta" else "mu")
     traces = [(it.question, it.steps, it.images) if prm.is_vision else (it.question, it.steps) for it in items]
-    scores = score_traces(prm, traces, batch_size=cfg.batch_size)
+    names = [f"{cfg.data}: item {it.id!r}" for it in items]
+    with tqdm(total=len(traces), desc="scoring", unit="trace") as bar:
+        scores = score_traces(prm, traces, batch_size=cfg.batch_size, progress=bar.update, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate, names=names)
     step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
     res = evaluate_steps(items, step_scores, cfg.val_fraction, cfg.seed)
     res.update(model=cfg.model, model_kind=kind, score=mode if mode == "mu" else f"mu - {cfg.lam}*sigma", data=cfg.data)
@@ -98,6 +104,8 @@ def run(args):
     for k, v in res["per_source"].items():
         print(f"| {k:<{width}} | {100 * v:5.2f} |")
     print(f"{res['n_steps']} annotated test steps (neutral ignored)")
+    if res["n_unscored_steps"]:
+        print(f"{res['n_unscored_steps']} annotated steps lay beyond the model's positions and were left out (--truncate steps)")
     if cfg.out:
         Path(cfg.out).write_text(json.dumps(res, indent=2) + "\n")
     if cfg.plots:

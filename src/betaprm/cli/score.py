@@ -2,21 +2,29 @@
 
 from dataclasses import dataclass, field
 
+from ._scoring import ScoringOptions
+
 HELP = "add mu, kappa and sigma per step to every candidate of a pool file (resumable)"
 DESCRIPTION = """Score candidate pools with a trained BetaPRM.
 
 Input: JSONL records with id, question and candidates (each {"steps": [...]}).
 Output: the same records, each candidate with mu, kappa and sigma lists (one value per
 step), appended to --output. Records whose id is already in --output are skipped, so
-rerunning an interrupted command continues where it stopped; nothing is duplicated."""
+rerunning an interrupted command continues where it stopped; nothing is duplicated.
+OUTPUT.meta.json records the settings that made the records (the model's fingerprint,
+--truncate); a rerun with other settings stops and names them. OUTPUT.lock keeps a
+second process from writing the same --output."""
+
+# Options that do not change a record (batching, device, paths): left out of the settings
+# a resumed --output must match. The model enters as its fingerprint, not its path.
+NOT_RESULTS = {"model", "input", "output", "device", "on_error", "rejects", "trust_remote_code", "batch_size", "max_batch_tokens"}
 
 
 @dataclass
-class ScoreConfig:
+class ScoreConfig(ScoringOptions):
     model: str = field(default="", metadata={"help": "BetaPRM directory (from betaprm train)"})
     input: str = field(default="", metadata={"help": "candidate pools (JSONL)"})
     output: str = field(default="", metadata={"help": "scored pools (JSONL, appended)"})
-    batch_size: int = field(default=16, metadata={"help": "candidates per forward pass"})
     device: str = field(default="auto", metadata={"help": "auto (cuda when present), cpu, cuda, cuda:1, ..."})
     on_error: str = field(default="fail", metadata={"help": "fail: stop on any bad record; skip: leave it out and write it to --rejects"})
     rejects: str | None = field(default=None, metadata={"help": "rejects file for --on-error skip (default: OUTPUT.rejects.jsonl)"})
@@ -28,8 +36,9 @@ class ScoreConfig:
         missing = [f"--{k}" for k in ("model", "input", "output") if not getattr(self, k)]
         if missing:
             raise BetaPRMInputError(f"{', '.join(missing)} required")
-        if self.batch_size < 1:
-            raise BetaPRMInputError(f"--batch-size must be >= 1, got {self.batch_size}")
+        bad = self.scoring_problems()
+        if bad:
+            raise BetaPRMInputError("; ".join(bad))
         if self.on_error not in ("fail", "skip"):
             raise BetaPRMInputError(f"--on-error must be fail or skip, got {self.on_error!r}")
 
@@ -46,14 +55,19 @@ def run(args):
     import torch
 
     from ..model import BetaPRM
+    from ..provenance import model_fingerprint, open_output, settings_of
     from ..scoring import score_pool_file
     from ._config import config_from_args
 
     cfg = config_from_args(ScoreConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    prm = BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code, device=device)
     rejects = cfg.rejects or str(Path(cfg.output).with_suffix("")) + ".rejects.jsonl"
-    s = score_pool_file(prm, cfg.input, cfg.output, batch_size=cfg.batch_size, on_error=cfg.on_error, rejects=rejects)
+    settings = {"model": model_fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    # Checked (and locked) before the model loads: a wrong resume stops at once.
+    with open_output(cfg.output, settings, {"model": cfg.model, "input": cfg.input}, flag="--output"):
+        prm = BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code, device=device)
+        s = score_pool_file(prm, cfg.input, cfg.output, batch_size=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate,
+                            on_error=cfg.on_error, rejects=rejects)
     msg = f"{cfg.input}: {s['records']} pools, {s['already_done']} already in {cfg.output}, {s['scored']} scored ({s['candidates']} candidates)"
     if s["rejected"]:
         msg += f", {s['rejected']} rejected (see {rejects})"

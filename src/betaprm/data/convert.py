@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
-from .records import Problem, iter_jsonl, validate_object
+from .records import Problem, iter_jsonl, load_json_file, open_input, validate_object, write_rejects
 
 FORMATS = ("visualprm-raw", "math-shepherd", "prm800k", "trl")
 SHEPHERD_TAG = "ки"
@@ -81,8 +81,10 @@ def from_visualprm_raw(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
         n.append(s["num_mc_total"])
     rec: dict[str, Any] = {"id": str(obj.get("id", f"{opts.source_name}-{line}")), "question": question}
     image = obj.get("image", obj.get("images"))
-    if image:
-        images = [image] if isinstance(image, str) else list(image)
+    if image not in (None, "", []):
+        images = [image] if isinstance(image, str) else image
+        if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
+            raise ConversionError("image", f"must be an image path or a list of paths, got {json.dumps(image, default=str)[:60]}", "give the image path(s) relative to --image-root as strings")
         if opts.image_root:
             images = [p if Path(p).is_absolute() else str(Path(opts.image_root) / p) for p in images]
         rec["images"] = images
@@ -136,11 +138,16 @@ def from_prm800k(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
         where = f"label.steps[{i}]"
         if not isinstance(st, dict):
             raise ConversionError(where, "is not an object", "see the PRM800K README for the layout")
-        comps = st.get("completions") or []
+        comps = st.get("completions")
+        comps = [] if comps is None else comps
+        if not isinstance(comps, list) or not all(isinstance(c, dict) for c in comps):
+            raise ConversionError(f"{where}.completions", "must be a list of {text, rating} objects", "see the PRM800K README for the layout")
         chosen = st.get("chosen_completion")
         human = st.get("human_completion")
+        if human is not None and not isinstance(human, dict):
+            raise ConversionError(f"{where}.human_completion", "must be an object with a text", "see the PRM800K README for the layout")
         if chosen is not None:
-            if not (isinstance(chosen, int) and 0 <= chosen < len(comps)):
+            if not (isinstance(chosen, int) and not isinstance(chosen, bool) and 0 <= chosen < len(comps)):
                 raise ConversionError(f"{where}.chosen_completion", f"= {chosen} but there are {len(comps)} completions", "the index must point into completions")
             step, rating = comps[chosen].get("text"), comps[chosen].get("rating")
         elif human is not None:
@@ -153,7 +160,7 @@ def from_prm800k(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
             if len(rated) != 1:
                 break
             step, rating = rated[0].get("text"), rated[0].get("rating")
-        if not isinstance(step, str) or rating not in (-1, 0, 1):
+        if not isinstance(step, str) or isinstance(rating, bool) or not isinstance(rating, int) or rating not in (-1, 0, 1):
             raise ConversionError(where, f"has text {step!r:.40} and rating {rating!r}", "ratings must be -1, 0 or 1 with a text")
         steps.append(step)
         k.append(1 if rating in good else 0)
@@ -192,22 +199,30 @@ def from_trl(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
 CONVERTERS = {"visualprm-raw": from_visualprm_raw, "math-shepherd": from_math_shepherd, "prm800k": from_prm800k, "trl": from_trl}
 
 
-def _read_rows(path: Path) -> Iterator[tuple[int, Any, Problem | None]]:
+def _read_rows(path: Path, flag: str) -> Iterator[tuple[int, Any, Problem | None, str | None]]:
+    """(line or row number, row, problem, raw line) per input row. A .json or .parquet
+    file that cannot be read at all raises; JSONL lines are read one by one."""
     if path.suffix == ".parquet":
         try:
+            import pyarrow
             import pyarrow.parquet as pq
         except ImportError:
             raise BetaPRMInputError(f"{path}: reading parquet needs pyarrow (`pip install pyarrow`), or convert it to JSONL first") from None
-        for i, row in enumerate(pq.read_table(path).to_pylist(), 1):
-            yield i, row, None
+        open_input(path, flag).close()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pyarrow.ArrowException, OSError, ValueError) as e:
+            raise BetaPRMInputError(f"{flag} {path}: not a readable parquet file ({e}); fix: re-export it, or convert it to JSONL") from None
+        for i, row in enumerate(rows, 1):
+            yield i, row, None, None
     elif path.suffix == ".json":
-        data = json.loads(path.read_text())
+        data = load_json_file(path, flag, "a JSON list of records")
         if not isinstance(data, list):
             raise BetaPRMInputError(f"{path}: a .json input must hold a list of records; use JSONL for one record per line")
         for i, row in enumerate(data, 1):
-            yield i, row, None
+            yield i, row, None, None
     else:
-        yield from iter_jsonl(path)
+        yield from iter_jsonl(path, flag)
 
 
 def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None = None, on_error: str = "fail", rejects=None, marker: str = "<prm>") -> dict:
@@ -217,15 +232,16 @@ def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None 
     if on_error not in ("fail", "skip"):
         raise BetaPRMInputError(f"--on-error must be 'fail' or 'skip', got {on_error!r}")
     src = Path(input_path)
-    if not src.is_file():
-        raise BetaPRMInputError(f"--input {input_path}: no such file")
+    open_input(src, "--input").close()
     opts = opts or ConvertOptions(source_name=src.stem)
     convert = CONVERTERS[fmt]
     out, bad, seen = [], [], set()
     n_in = 0
-    for line, obj, parse_problem in _read_rows(src):
+    for line, obj, parse_problem, raw in _read_rows(src, "--input"):
         n_in += 1
         problems = [parse_problem] if parse_problem else []
+        if not problems and not isinstance(obj, dict):
+            problems = [Problem(line, "(record)", f"must be a JSON object, got {type(obj).__name__}", "write one JSON object per line")]
         if not problems:
             try:
                 recs = convert(obj, line, opts)
@@ -238,16 +254,14 @@ def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None 
                     if not ps:
                         out.append(rec)
         if problems:
-            bad.append((line, problems, obj))
+            bad.append((line, problems, obj, raw))
     if bad and on_error == "fail":
-        shown = "\n  ".join(p.render(str(src)) for _, ps, _ in bad[:30] for p in ps)
+        shown = "\n  ".join(p.render(str(src)) for _, ps, _, _ in bad[:30] for p in ps)
         raise BetaPRMInputError(f"{src}: {len(bad)} of {n_in} records cannot be converted:\n  {shown}\nFix them, or pass --on-error skip to leave them out (written to a rejects file).")
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
     with open(output_path, "w", encoding="utf-8") as f:
         for rec in out:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     if rejects and bad:
-        with open(rejects, "w", encoding="utf-8") as f:
-            for line, ps, obj in bad:
-                f.write(json.dumps({"source": str(src), "line": line, "reasons": [p.render(str(src)) for p in ps], "record": obj}, ensure_ascii=False) + "\n")
+        write_rejects(rejects, str(src), bad)
     return {"read": n_in, "written": len(out), "rejected": len(bad), "steps": sum(len(r["steps"]) for r in out)}

@@ -65,10 +65,11 @@ def encode_records(prm, records: Sequence[Record], max_length: int, truncation: 
     for start in range(0, len(records), chunk):
         batch = records[start : start + chunk]
         encoded = encode_traces(prm.tokenizer, marker_id, [(r.question, r.steps) for r in batch], prm.config.trace_format)
-        for r, ids in zip(batch, encoded):
+        for j, (r, ids) in enumerate(zip(batch, encoded)):
             kept_ids, kept = fit_to_length(ids, marker_id, max_length, prm.config.marker_repeat)
             if _count(stats, r, kept, truncation):
-                examples.append({"input_ids": kept_ids, "mc_correct": list(r.mc_correct[:kept]), "mc_total": list(r.mc_total[:kept])})
+                # index: the record's position, so a diverging batch can be named by ids.
+                examples.append({"input_ids": kept_ids, "mc_correct": list(r.mc_correct[:kept]), "mc_total": list(r.mc_total[:kept]), "index": start + j})
         if progress is not None:
             progress(len(batch))
     return CountsDataset(examples, stats)
@@ -81,7 +82,7 @@ class MultimodalCountsDataset(torch.utils.data.Dataset):
 
     def __init__(self, prm, items: list[tuple], stats: EncodeStats):
         self.prm = prm
-        self.items = items  # (question, kept steps, image paths, K, N)
+        self.items = items  # (question, kept steps, image paths, K, N, record index)
         self.stats = stats
 
     def __len__(self) -> int:
@@ -90,9 +91,9 @@ class MultimodalCountsDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         from ..vision import encode_multimodal
 
-        q, steps, images, k, n = self.items[i]
+        q, steps, images, k, n, index = self.items[i]
         enc = encode_multimodal(self.prm, [(q, steps, images)])
-        ex = {"input_ids": enc["input_ids"][0].tolist(), "mc_correct": k, "mc_total": n}
+        ex = {"input_ids": enc["input_ids"][0].tolist(), "mc_correct": k, "mc_total": n, "index": index}
         for key in ("pixel_values", "image_grid_thw"):
             if key in enc:
                 ex[key] = enc[key]
@@ -116,11 +117,11 @@ def _encode_multimodal_records(prm, records, max_length, truncation, stats, prog
     from ..vision import encode_multimodal
 
     items = []
-    for r in records:
+    for j, r in enumerate(records):
         ids = encode_multimodal(prm, [(r.question, r.steps, r.images)])["input_ids"][0].tolist()
         _, kept = fit_to_length(ids, prm.config.marker_id, max_length, prm.config.marker_repeat)
         if _count(stats, r, kept, truncation):
-            items.append((r.question, list(r.steps[:kept]), list(r.images), list(r.mc_correct[:kept]), list(r.mc_total[:kept])))
+            items.append((r.question, list(r.steps[:kept]), list(r.images), list(r.mc_correct[:kept]), list(r.mc_total[:kept]), j))
         if progress is not None:
             progress(1)
     return MultimodalCountsDataset(prm, items, stats)
@@ -139,6 +140,8 @@ class CountsCollator:
         k = torch.tensor([v for f in features for v in f["mc_correct"]], dtype=torch.float32)
         n = torch.tensor([v for f in features for v in f["mc_total"]], dtype=torch.float32)
         batch = {"input_ids": ids, "attention_mask": mask, "mc_correct": k, "mc_total": n}
+        if all("index" in f for f in features):
+            batch["record_index"] = torch.tensor([f["index"] for f in features], dtype=torch.long)
         for key in ("pixel_values", "image_grid_thw"):
             parts = [f[key] for f in features if key in f]
             if parts:

@@ -24,6 +24,10 @@ from ..errors import BetaPRMInputError
 
 KINDS = ("counts", "pool")
 MAX_SHOWN = 30
+MAX_COUNT = 2**24
+"""Largest N (and so K) a record may hold: float32, the training dtype, keeps every
+integer up to 2**24 exact; above it counts would be rounded (or overflow to inf)."""
+SCORE_FIELDS = ("mu", "kappa", "sigma")
 
 
 @dataclass(frozen=True)
@@ -95,19 +99,27 @@ def _check_steps(obj, line, prefix, marker, problems):
 
 
 def _short(x, n=60) -> str:
-    s = json.dumps(x, ensure_ascii=False) if not isinstance(x, str) else repr(x)
+    if isinstance(x, str):
+        s = repr(x[: n + 1])
+    else:
+        try:
+            s = json.dumps(x, ensure_ascii=False)
+        except (RecursionError, ValueError, TypeError):  # deep nesting, or a value JSON cannot write
+            s = f"<{type(x).__name__}>"
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def _check_images(obj, line, base_dir: Path | None, problems) -> list[str]:
+def _check_images(obj, line, base_dir: Path | None, problems, must_exist: bool = True) -> list[str]:
     images = obj.get("images", obj.get("image"))
     if images is None:
         return []
     if isinstance(images, str):
         images = [images]
-    if not isinstance(images, list) or not all(isinstance(p, str) for p in images):
+    if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
         problems.append(Problem(line, "images", f"must be a list of file paths, got {_short(images)}", "give image paths as a JSON list of strings"))
         return []
+    if not must_exist:
+        return list(images)
     resolved = []
     for i, p in enumerate(images):
         path = Path(p)
@@ -148,6 +160,9 @@ def _check_counts(obj, line, n_steps, problems):
         if nn < 1:
             problems.append(Problem(line, f"mc_total[{i}]", f"N = {nn} < 1", "N counts sampled continuations and must be at least 1"))
             ok = False
+        elif nn > MAX_COUNT:
+            problems.append(Problem(line, f"mc_total[{i}]", f"N = {_short(nn)} is above {MAX_COUNT:,} (2**24)", "use N <= 16,777,216: float32 training would round larger counts; scale K and N down together (fractional K needs \"soft\": true)"))
+            ok = False
         if not _is_number(kk) or (not soft and not _is_int(kk)):
             problems.append(
                 Problem(line, f"mc_correct[{i}]", f"K must be an integer count, got {_short(kk)}",
@@ -162,6 +177,32 @@ def _check_counts(obj, line, n_steps, problems):
             problems.append(Problem(line, f"mc_correct[{i}]", f"K = {kk} > N = {nn}", "K (successes) cannot exceed N (continuations); check the column order"))
             ok = False
     return (k, n) if ok else (None, None)
+
+
+def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
+    """A scored candidate carries mu, kappa and sigma together: one finite number per
+    step each, mu in [0, 1], kappa > 0, sigma >= 0."""
+    present = [k for k in SCORE_FIELDS if k in cand]
+    if not present:
+        return
+    if len(present) < len(SCORE_FIELDS):
+        missing = [k for k in SCORE_FIELDS if k not in cand]
+        problems.append(Problem(line, prefix + missing[0], f"is missing while {', '.join(present)} is given", "give mu, kappa and sigma together (rescore with betaprm score), or none of them"))
+        return
+    n_steps = len(steps) if isinstance(steps, list) else None
+    allowed = {"mu": (lambda x: 0 <= x <= 1, "in [0, 1]"), "kappa": (lambda x: x > 0, "> 0"), "sigma": (lambda x: x >= 0, ">= 0")}
+    for key in SCORE_FIELDS:
+        vals, (ok, rule) = cand[key], allowed[key]
+        if not isinstance(vals, list):
+            problems.append(Problem(line, prefix + key, f"must be a list with one number per step, got {_short(vals)}", "rescore the pool with betaprm score"))
+            continue
+        if n_steps is not None and len(vals) != n_steps:
+            problems.append(Problem(line, prefix + key, f"has {len(vals)} values for {n_steps} steps", "give one score per step; rescore the pool with betaprm score"))
+            continue
+        for i, x in enumerate(vals):
+            if not _is_number(x) or not ok(x):
+                problems.append(Problem(line, f"{prefix}{key}[{i}]", f"must be a finite number {rule}, got {_short(x)}", "rescore the pool with betaprm score"))
+                break
 
 
 def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>", base_dir: Path | None = None, seen_ids: set | None = None, check_images: bool = True):
@@ -184,7 +225,7 @@ def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>",
     for opt in ("answer", "source"):
         if obj.get(opt) is not None and not isinstance(obj[opt], (str, int, float)):
             problems.append(Problem(line, opt, f"must be a string, got {_short(obj[opt])}", f"write {opt} as a string"))
-    images = _check_images(obj, line, base_dir, problems) if check_images else list(obj.get("images") or [])
+    images = _check_images(obj, line, base_dir, problems, must_exist=check_images)
     if kind == "counts":
         steps = _check_steps(obj, line, "", marker, problems)
         k, n = _check_counts(obj, line, len(steps) if isinstance(steps, list) else None, problems)
@@ -201,39 +242,142 @@ def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>",
                 if not isinstance(c, dict):
                     problems.append(Problem(line, f"candidates[{j}]", f"must be an object with 'steps', got {_short(c)}", 'write each candidate as {"steps": [...]}'))
                 else:
-                    _check_steps(c, line, f"candidates[{j}].", marker, problems)
+                    steps = _check_steps(c, line, f"candidates[{j}].", marker, problems)
+                    _check_scores(c, line, f"candidates[{j}].", steps, problems)
         if problems:
             return None, problems
         return obj, []
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any, Problem | None]]:
-    """(line number, parsed object or None, problem or None) for each non-blank line."""
-    with open(path, encoding="utf-8") as f:
-        for i, raw in enumerate(f, 1):
-            if not raw.strip():
+class BadJSON(ValueError):
+    """Text that is not acceptable JSON input; ``lineno`` is 1-based within the text
+    (None where the parser does not say)."""
+
+    def __init__(self, reason: str, lineno: int | None = None):
+        super().__init__(reason)
+        self.reason, self.lineno = reason, lineno
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _refuse_constant(name: str):
+    raise _Refused(f"{name} is not a number JSON allows")
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` for input files. Refuses ``NaN`` / ``Infinity`` (Python's json
+    accepts them), and turns an integer too long for Python (over 4300 digits) and
+    nesting too deep to parse into ``BadJSON`` too, like a syntax error."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno} column {e.colno}"
+        raise BadJSON(f"not valid JSON ({e.msg} at {at})", e.lineno) from None
+    except _Refused as e:
+        raise BadJSON(f"not valid JSON ({e})") from None
+    except ValueError:  # the only other ValueError json raises: int() on a too long literal
+        raise BadJSON("holds an integer with more than 4300 digits, which no field can use") from None
+    except RecursionError:
+        raise BadJSON("nests lists or objects too deeply to read") from None
+
+
+def decode_utf8(data: bytes) -> str:
+    """Strict UTF-8; ``BadJSON`` with the line of the first bad byte otherwise."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise BadJSON(f"not valid UTF-8 (byte 0x{data[e.start]:02x} at byte {col} of the line)", line) from None
+
+
+UTF8_FIX = "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+
+
+def _name(path, flag: str | None) -> str:
+    return f"{flag} {path}" if flag else str(path)
+
+
+def open_input(path, flag: str | None = None):
+    """An input file opened for reading bytes; a missing or unreadable file raises
+    ``BetaPRMInputError`` naming ``flag`` (e.g. ``--data``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise BetaPRMInputError(f"{_name(path, flag)}: no such file" + (" (it is a folder)" if p.is_dir() else "") + "; check the path")
+    try:
+        return open(p, "rb")
+    except OSError as e:
+        raise BetaPRMInputError(f"{_name(path, flag)}: cannot be read ({e.strerror}); check the file's permissions") from None
+
+
+def load_json_file(path, flag: str | None = None, what: str = "JSON") -> Any:
+    """A whole JSON file (a config, a .json list of records), parsed strictly; any damage
+    raises ``BetaPRMInputError`` with the file and line."""
+    with open_input(path, flag) as f:
+        data = f.read()
+    try:
+        return loads_strict(decode_utf8(data).lstrip("\ufeff"))
+    except BadJSON as e:
+        fix = UTF8_FIX if "UTF-8" in e.reason else f"fix the file (it must be {what})"
+        line = f":{e.lineno}" if e.lineno else ""
+        raise BetaPRMInputError(f"{_name(path, flag)}{line}: {e.reason}; fix: {fix}") from None
+
+
+def iter_jsonl(path, flag: str | None = None) -> Iterator[tuple[int, Any, Problem | None, str]]:
+    """``(line number, parsed object or None, problem or None, raw text)`` for each
+    non-blank line, in one pass over the file. A line that is not UTF-8 or not JSON gives
+    a problem and its raw text (undecodable bytes replaced by U+FFFD), never an exception."""
+    with open_input(path, flag) as f:
+        for i, data in enumerate(f, 1):
+            if i == 1 and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]  # a UTF-8 byte order mark, as some editors write
+            if not data.strip():
                 continue
             try:
-                yield i, json.loads(raw), None
-            except json.JSONDecodeError as e:
-                yield i, None, Problem(i, "(line)", f"not valid JSON ({e.msg} at column {e.colno})", "fix the JSON syntax on this line")
+                text = decode_utf8(data)
+            except BadJSON as e:
+                yield i, None, Problem(i, "(line)", e.reason, UTF8_FIX), data.decode("utf-8", errors="replace").rstrip("\r\n")
+                continue
+            try:
+                yield i, loads_strict(text), None, text.rstrip("\r\n")
+            except BadJSON as e:
+                yield i, None, Problem(i, "(line)", e.reason, "fix the JSON on this line (one JSON object per line)"), text.rstrip("\r\n")
 
 
-def read_objects(path, required: tuple[str, ...] = (), what: str = "one JSON object") -> Iterator[tuple[str, dict]]:
+def read_objects(path, required: tuple[str, ...] = (), what: str = "one JSON object", flag: str | None = None) -> Iterator[tuple[str, dict]]:
     """(``path:line``, object) for each non-blank line of a JSONL input that is not a
     training record (problems, traces, benchmark items): stops at the first bad line with
-    the line, the field and ``what`` a line needs; ``required`` fields must be non-empty."""
-    for i, obj, problem in iter_jsonl(Path(path)):
+    the line, the field and ``what`` a line needs; ``required`` fields must be non-empty.
+    ``flag`` (e.g. ``--problems``) is named when the file is missing."""
+    for i, obj, problem, _ in iter_jsonl(path, flag):
         where = f"{path}:{i}"
         if problem is not None:
-            raise BetaPRMInputError(f"{where}: {problem.message}; each line must be {what}")
+            raise BetaPRMInputError(f"{where}: {problem.message}; fix: {problem.fix}; each line must be {what}")
         if not isinstance(obj, dict):
-            raise BetaPRMInputError(f"{where}: each line must be a JSON object with {what}")
+            raise BetaPRMInputError(f"{where}: got {_short(obj)}; each line must be a JSON object with {what}")
         for k in required:
             if obj.get(k) in (None, ""):
                 raise BetaPRMInputError(f"{where}: field {k!r} is missing or empty; each line needs {what}")
         yield where, obj
+
+
+def problem_fields(obj: dict, where: str, marker: str | None = None) -> tuple[str, str, str]:
+    """``(id, question, answer)`` of a problem or trace line (``read_objects`` output) as
+    strings: id a string or integer, question a non-empty string (without ``marker``),
+    answer a string or number. Raises naming the line and field otherwise."""
+    rid, question, answer = obj.get("id"), obj.get("question"), obj.get("answer")
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise BetaPRMInputError(f"{where}: field 'id' must be a string, got {_short(rid)}; fix: give every line a unique string id")
+    if not isinstance(question, str) or not question.strip():
+        raise BetaPRMInputError(f"{where}: field 'question' must be a non-empty string, got {_short(question)}; fix: write the problem text as a string")
+    if marker and marker in question:
+        raise BetaPRMInputError(f"{where}: field 'question' contains the marker text {marker!r}; fix: remove it from the question")
+    if isinstance(answer, bool) or not (isinstance(answer, str) or _is_number(answer)) or answer == "":
+        raise BetaPRMInputError(f"{where}: field 'answer' must be a string or a number, got {_short(answer)}; fix: write the reference answer as a string")
+    return str(rid), question, str(answer)
 
 
 def _fail_message(source: str, rejected: list[tuple[int, list[Problem]]]) -> str:
@@ -246,50 +390,50 @@ def _fail_message(source: str, rejected: list[tuple[int, list[Problem]]]) -> str
     )
 
 
-def _process(items: Iterable[tuple[int, Any, Problem | None]], source: str, kind: str, marker: str, base_dir, on_error: str, rejects: str | Path | None, raw_lookup=None) -> LoadResult:
+def write_rejects(path, source: str, rejected: list[tuple[int, list[Problem], Any, str | None]]) -> None:
+    """One JSON line per rejected input line: its reasons, the parsed ``record`` (the raw
+    text when it did not parse) and the ``raw`` line as read."""
+    with open(path, "w", encoding="utf-8") as f:
+        for line, problems, obj, raw in rejected:
+            entry = {"source": source, "line": line, "reasons": [p.render(source) for p in problems], "record": obj if obj is not None else raw}
+            if raw is not None:
+                entry["raw"] = raw
+            f.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
+
+
+def _process(items: Iterable[tuple[int, Any, Problem | None, str | None]], source: str, kind: str, marker: str, base_dir, on_error: str, rejects: str | Path | None) -> LoadResult:
     if on_error not in ("fail", "skip"):
         raise BetaPRMInputError(f"--on-error must be 'fail' or 'skip', got {on_error!r}")
     seen: set = set()
-    records, rejected, rejected_objs = [], [], []
-    for line, obj, parse_problem in items:
+    records, rejected, rejected_rows = [], [], []
+    for line, obj, parse_problem, raw in items:
         if parse_problem is not None:
             rec, problems = None, [parse_problem]
         else:
             rec, problems = validate_object(obj, line, kind, marker, base_dir, seen)
         if problems:
             rejected.append((line, problems))
-            rejected_objs.append(obj if parse_problem is None else (raw_lookup(line) if raw_lookup else None))
+            rejected_rows.append((line, problems, obj, raw))
         else:
             records.append(rec)
     if rejected and on_error == "fail":
         raise BetaPRMInputError(_fail_message(source, rejected))
     if rejects is not None and rejected:
-        with open(rejects, "w", encoding="utf-8") as f:
-            for (line, problems), obj in zip(rejected, rejected_objs):
-                f.write(json.dumps({"source": source, "line": line, "reasons": [p.render(source) for p in problems], "record": obj}, ensure_ascii=False) + "\n")
+        write_rejects(rejects, source, rejected_rows)
     return LoadResult(records, rejected, source)
 
 
-def read_records(path, kind: str = "counts", marker: str = "<prm>", on_error: str = "fail", rejects: str | Path | None = None) -> LoadResult:
-    """Load and validate a JSONL file of records (see the module docstring)."""
+def read_records(path, kind: str = "counts", marker: str = "<prm>", on_error: str = "fail", rejects: str | Path | None = None, flag: str | None = None) -> LoadResult:
+    """Load and validate a JSONL file of records (see the module docstring), in one pass.
+    ``flag`` (e.g. ``--data``) is named when the file is missing."""
     p = Path(path)
-    if not p.is_file():
-        raise BetaPRMInputError(f"{path}: no such file")
-
-    def raw_line(n):
-        with open(p, encoding="utf-8") as f:
-            for i, raw in enumerate(f, 1):
-                if i == n:
-                    return raw.rstrip("\n")
-        return None
-
-    return _process(iter_jsonl(p), str(path), kind, marker, p.parent, on_error, rejects, raw_line)
+    return _process(iter_jsonl(p, flag), str(path), kind, marker, p.parent, on_error, rejects)
 
 
 def records_from_rows(rows: Iterable[dict], source: str = "table", kind: str = "counts", marker: str = "<prm>", base_dir=None, on_error: str = "fail", rejects=None) -> LoadResult:
     """Validate rows of a ``datasets`` table (or any iterable of dicts); "line" is the
     1-based row number."""
-    return _process(((i, dict(r), None) for i, r in enumerate(rows, 1)), source, kind, marker, base_dir, on_error, rejects)
+    return _process(((i, dict(r), None, None) for i, r in enumerate(rows, 1)), source, kind, marker, base_dir, on_error, rejects)
 
 
 def validate_file(path, kind: str = "counts", marker: str = "<prm>") -> tuple[LoadResult, str]:

@@ -15,15 +15,19 @@ class TransformersGenerator:
 
     ``n_tokens`` counts the tokens the model generated for a completion, its end-of-
     sequence token included and padding excluded; the prompt and kept steps are not
-    counted.
+    counted. A ``generate`` call holds at most ``batch_size`` sequences and at most
+    ``max_batch_tokens`` tokens (sequences x (longest prompt + ``max_new_tokens``)), so
+    long prompts make smaller batches instead of running out of memory.
     """
 
-    def __init__(self, model, tokenizer, fmt: TextFormat | None = None, sampling: Sampling | None = None, batch_size: int = 8, seed: int = 0):
+    def __init__(self, model, tokenizer, fmt: TextFormat | None = None, sampling: Sampling | None = None, batch_size: int = 8, seed: int = 0,
+                 max_batch_tokens: int = 16384):
         self.model = model
         self.tokenizer = tokenizer
         self.fmt = fmt or TextFormat()
         self.sampling = sampling or Sampling()
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.seed = seed
         if tokenizer.pad_token_id is None:
             # generate needs a pad id for batches; eos is the usual choice.
@@ -45,7 +49,22 @@ class TransformersGenerator:
             ids.append(self.tokenizer.eos_token_id)
         return set(ids)
 
-    @torch.no_grad()
+    def _batches(self, jobs, prompt_lengths):
+        """(start index, jobs) in order: consecutive jobs while the batch stays within
+        ``batch_size`` sequences and ``max_batch_tokens`` tokens; one job may exceed it."""
+        out, start, width = [], 0, 0
+        for k, (i, _) in enumerate(jobs):
+            w = max(width, prompt_lengths[i] + self.sampling.max_new_tokens)
+            n = k - start
+            if n and (n + 1 > self.batch_size or (n + 1) * w > self.max_batch_tokens):
+                out.append((start, jobs[start:k]))
+                start, w = k, prompt_lengths[i] + self.sampling.max_new_tokens
+            width = w
+        if start < len(jobs):
+            out.append((start, jobs[start:]))
+        return out
+
+    @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         eos = self._eos_ids()
         out: list[list[Completion]] = [[] for _ in requests]
@@ -54,8 +73,8 @@ class TransformersGenerator:
         prompts = [self.fmt.prompt_text(r.question, list(r.prefix), self.tokenizer) for r in requests]
         self.tokenizer.padding_side = "left"
         s = self.sampling
-        for b in range(0, len(jobs), self.batch_size):
-            chunk = jobs[b : b + self.batch_size]
+        lengths = [len(x) for x in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        for b, chunk in self._batches(jobs, lengths):
             # One seed per batch, from the first request's seed when it has one: the same
             # requests in the same order give the same completions.
             first = requests[chunk[0][0]]

@@ -1,0 +1,32 @@
+"""The scoring flags shared by every command that runs a PRM forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..scoring import DEFAULT_MAX_BATCH_TOKENS, TRUNCATE_MODES
+
+
+@dataclass
+class BatchOptions:
+    max_batch_tokens: int = field(default=DEFAULT_MAX_BATCH_TOKENS, metadata={"help": "padded tokens per PRM forward pass: traces are sorted by length and packed up to this budget, which bounds memory whatever their lengths (lower it if memory runs out)"})
+    batch_size: int | None = field(default=None, metadata={"help": "at most this many traces per PRM forward pass (default: no cap beyond --max-batch-tokens)"})
+
+    def batch_problems(self) -> list[str]:
+        bad = []
+        if self.max_batch_tokens < 1:
+            bad.append(f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
+        if self.batch_size is not None and self.batch_size < 1:
+            bad.append(f"--batch-size must be >= 1, got {self.batch_size}")
+        return bad
+
+
+@dataclass
+class ScoringOptions(BatchOptions):
+    truncate: str = field(default="error", metadata={"help": "a trace longer than the model's positions: error (stop, naming it) or steps (score the whole steps that fit; the rest get no score)"})
+
+    def scoring_problems(self) -> list[str]:
+        bad = self.batch_problems()
+        if self.truncate not in TRUNCATE_MODES:
+            bad.append(f"--truncate must be one of {', '.join(TRUNCATE_MODES)}, got {self.truncate!r}")
+        return bad

@@ -1,0 +1,241 @@
+"""Outputs that know where they came from.
+
+Every resumable output ``OUT`` (JSONL, appended) is written through ``open_output``:
+
+- ``OUT.meta.json`` (the sidecar) records the *settings* that made its records: the
+  command's options that change results, with the model as a fingerprint of its files.
+  The JSONL lines stay records; the sidecar is written before the first record. A rerun
+  compares its settings with the sidecar's and stops, naming each key that differs,
+  instead of appending records of other settings to the ones already there;
+- ``OUT.lock`` is held (``fcntl.flock``, exclusive, non-blocking) for as long as the run
+  writes, so a second process on the same output stops at once instead of writing every
+  record a second time. The OS drops the lock when the holder exits or is killed, so a
+  killed run never leaves a stale lock; the empty lock file itself stays (removing it
+  would race with a process that has just opened it).
+
+Settings leave out what does not change a record: batch sizes (scores do not depend on
+how traces are batched), devices, progress, output and input paths. The input file is
+not part of the settings either: a rerun after records were added to it scores the new
+ones, which is what resuming is for.
+
+Records are written with ``json_line``: strict JSON (no NaN or Infinity, which most
+JSON readers reject), or an error naming the record and the field before anything of
+that record is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import BetaPRMInputError
+
+META_SUFFIX = ".meta.json"
+LOCK_SUFFIX = ".lock"
+
+# Files betaprm writes next to a model that are not the model: a run's summary and
+# checkpoint bookkeeping must not change the model's fingerprint.
+_NOT_MODEL = {"train_summary.json", "betaprm_run.json", "trainer_state.json", "training_args.json"}
+_MODEL_SUFFIXES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".tiktoken", ".jinja", ".txt"}
+_WHOLE = 16 << 20  # files up to this size are hashed whole
+_BLOCK = 1 << 20
+_SAMPLES, _SAMPLE = 64, 256 << 10  # a larger file: this many blocks of this size, evenly spaced
+
+
+def _hash_file(h, path: Path) -> None:
+    """Feed ``path`` to ``h``: whole when small; a large (weights) file by its size, its
+    first and last MiB (a safetensors header, with every tensor's name, dtype, shape and
+    offset, is at the start) and 64 evenly spaced 256 KiB blocks in between: at most
+    18 MiB read whatever the size, so fingerprinting a GB checkpoint takes moments.
+    Training changes every tensor it updates, so two checkpoints differ in the blocks
+    read; it is a cheap identity, not a proof that no byte changed."""
+    size = path.stat().st_size
+    h.update(size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        if size <= _WHOLE:
+            for chunk in iter(lambda: f.read(_BLOCK), b""):
+                h.update(chunk)
+            return
+        blocks = [(0, _BLOCK), (size - _BLOCK, _BLOCK)] + [(size * i // (_SAMPLES + 1), _SAMPLE) for i in range(1, _SAMPLES + 1)]
+        for offset, n in blocks:
+            f.seek(offset)
+            h.update(f.read(n))
+
+
+def model_fingerprint(path) -> str:
+    """A short hex id of a model directory's contents: its weights, configs and tokenizer
+    files (by name and content, not by path or modification time, so a copied or moved
+    model keeps its fingerprint). A name that is not a local directory (a hub id) is its
+    own fingerprint: nothing is downloaded to look at it."""
+    p = Path(path)
+    if not p.is_dir():
+        return f"name:{path}"
+    h = hashlib.sha256()
+    for f in sorted(p.iterdir()):
+        if f.is_file() and f.suffix in _MODEL_SUFFIXES and f.name not in _NOT_MODEL and not f.name.endswith(META_SUFFIX):
+            h.update(f.name.encode() + b"\0")
+            _hash_file(h, f)
+    return h.hexdigest()[:16]
+
+
+def file_fingerprint(path) -> str:
+    """sha256 of a file's bytes (streamed), shortened to 16 hex digits."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_BLOCK), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def fingerprint(path) -> str:
+    """A file's ``file_fingerprint``, a directory's ``model_fingerprint``, else the name
+    itself (a hub id, a served model's name; a missing path is reported where it is used)."""
+    return file_fingerprint(path) if Path(path).is_file() else model_fingerprint(path)
+
+
+def settings_of(cfg, exclude) -> dict:
+    """A config dataclass's fields as a dict, less ``exclude`` (the cosmetic ones)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in exclude}
+
+
+def differences(old: dict, new: dict, old_info: dict | None = None, new_info: dict | None = None) -> list[str]:
+    """One line per key whose value differs: ``--key: VALUE (where) before, VALUE now``.
+    ``*_info`` may say where a value came from (a model's path beside its fingerprint)."""
+    old_info, new_info = old_info or {}, new_info or {}
+    lines = []
+    for k in [*new, *(k for k in old if k not in new)]:
+        a, b = old.get(k, "<not recorded>"), new.get(k, "<not recorded>")
+        if a == b:
+            continue
+        wa = f" ({old_info[k]})" if k in old_info else ""
+        wb = f" ({new_info[k]})" if k in new_info else ""
+        lines.append(f"--{k.replace('_', '-')}: {a!r}{wa} before, {b!r}{wb} now")
+    return lines
+
+
+def meta_path(path) -> Path:
+    return Path(str(path) + META_SUFFIX)
+
+
+def _write_json(path: Path, obj) -> None:
+    """Write whole or not at all: a kill mid-write leaves the old file (or none)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _lock(path: Path, flag: str):
+    import fcntl
+
+    fh = open(str(path) + LOCK_SUFFIX, "a")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise BetaPRMInputError(
+            f"another process is writing {path} (it holds {path}{LOCK_SUFFIX}); wait for it to finish, "
+            f"or give this run another {flag}"
+        ) from None
+    return fh
+
+
+def _check_settings(path: Path, settings: dict, info: dict, flag: str) -> None:
+    meta = meta_path(path)
+    has_records = path.is_file() and path.stat().st_size > 0
+    if has_records and meta.is_file():
+        try:
+            old = json.loads(meta.read_text())
+            old_settings, old_info = old["settings"], old.get("info", {})
+        except (ValueError, KeyError, TypeError):
+            raise BetaPRMInputError(f"{meta}: not a betaprm settings file; delete {path} and {meta} to start anew, or use another {flag}") from None
+        diff = differences(old_settings, settings, old_info, info)
+        if diff:
+            raise BetaPRMInputError(
+                f"{path} holds records made with other settings (recorded in {meta}):\n  " + "\n  ".join(diff)
+                + f"\nresuming would mix the two in one file: rerun with the recorded settings to resume, "
+                f"or write to another {flag}, or delete {path} and {meta} to start anew"
+            )
+        return
+    if has_records:
+        # Written before outputs recorded their settings: nothing to check against.
+        print(f"{path}: no {meta.name} records the settings of the existing records; assuming this run's", file=sys.stderr)
+    # No records yet (or none checkable): these settings are the file's from now on.
+    _write_json(meta, {"settings": settings, "info": {**info, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}})
+
+
+@contextlib.contextmanager
+def open_output(path, settings: dict, info: dict | None = None, flag: str = "--out"):
+    """Hold ``path``'s lock and make sure its records are ``settings``' for the duration of
+    the ``with`` block: a second writer, or existing records of other settings, raise
+    ``BetaPRMInputError`` (``flag`` names the option in the messages). ``info``: what is
+    recorded but not compared (paths, the version)."""
+    from .model import _version
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    settings = json.loads(json.dumps(settings))  # as the sidecar holds them (tuples -> lists)
+    info = {**(info or {}), "betaprm": _version()}
+    fh = _lock(path, flag)
+    try:
+        _check_settings(path, settings, info, flag)
+        yield path
+    finally:
+        fh.close()
+
+
+def provenance(settings: dict, info: dict | None = None) -> dict:
+    """The ``settings`` key of a JSON result: what made it, in the sidecar's layout."""
+    from .model import _version
+
+    return {"settings": settings, "info": {**(info or {}), "betaprm": _version()}}
+
+
+# ---------------------------------------------------------------------- strict JSON
+def _non_finite(obj, where: str = ""):
+    """The first non-finite float in ``obj``: ``(path, value)``, or None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return where or "(the value)", obj
+    if isinstance(obj, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for w, v in items:
+        found = _non_finite(v, w)
+        if found:
+            return found
+    return None
+
+
+def json_line(record: dict, **kw) -> str:
+    """``record`` as one line of strict JSON. A NaN or infinity (which would make the
+    line unreadable to strict JSON readers) raises, naming the record's id and the
+    field, so nothing of that record is written."""
+    try:
+        return json.dumps(record, allow_nan=False, **kw) + "\n"
+    except ValueError:
+        where, value = _non_finite(record) or ("?", "?")
+        raise BetaPRMInputError(
+            f"record {record.get('id')!r}: field {where} is {value}; the model (or the data) gave a non-finite "
+            "value, so the record is not written (check the checkpoint, e.g. a training run whose loss diverged)"
+        ) from None
+
+
+def finite_or_null(obj):
+    """``obj`` with every non-finite float replaced by None (JSON null): for results in
+    which NaN means "undefined" (an accuracy over no problems), so they stay strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
