@@ -93,3 +93,23 @@ def test_bad_records_and_images_on_a_text_model(tmp_path, capsys):
     _write_bench(data, with_image=True)
     assert main(["eval-steps", "--model", str(make_lm_dir(tmp_path / "lm")), "--data", str(data)]) == 2
     assert "1 records have images but" in capsys.readouterr().err
+
+
+def test_no_annotated_validation_step_is_an_error_not_threshold_inf():
+    """Fails before this change: with every validation step neutral the threshold was
+    chosen on nothing (``inf``) and an F1 reported."""
+    items = _items()
+    val, _ = split_by_problem(items, 0.3)
+    for i in val:
+        items[i] = BenchItem(items[i].id, items[i].question, ["a", "b", "c"], [0, 0, 0], items[i].source, [])
+    scores = [np.array([0.8, 0.3, 0.1])] * len(items)
+    with pytest.raises(BetaPRMInputError, match=r"the validation part \(\d+ items\) holds no scored step labelled correct or incorrect"):
+        evaluate_steps(items, scores, 0.3)
+
+
+def test_steps_cut_off_by_the_model_are_counted_not_scored():
+    items = _items()
+    scores = [np.array([0.8])] * len(items)  # --truncate steps kept the first step only
+    r = evaluate_steps(items, scores, 0.3)
+    assert r["n_unscored_steps"] == len(items)  # the -1 step of every item; neutral ones not counted
+    assert r["n_steps"] + r["n_val_steps"] == len(items)

@@ -220,3 +220,18 @@ def test_synth_policy_honours_request_seeds(problems):
     b = SynthPolicy(World(), seed=123).generate([GenerationRequest(problems[0].question, [], 4, problems[0], seed=7)])
     assert [c.steps for c in a[0]] == [c.steps for c in b[0]]
     assert np.all([c.n_tokens > 0 for c in a[0]])
+
+
+def test_transformers_batches_bounded_by_tokens(tiny_lm, bpe_tokenizer):
+    """Long prompts make smaller generate batches: at most max_batch_tokens tokens
+    (sequences x (longest prompt + max_new_tokens)) and batch_size sequences each."""
+    gen = TransformersGenerator(tiny_lm, bpe_tokenizer, TextFormat(instruction=""), Sampling(max_new_tokens=10), batch_size=4, max_batch_tokens=100)
+    lengths = [5, 40, 5, 80, 5, 5, 5, 200]
+    jobs = [(i, 0) for i in range(len(lengths))]
+    batches = gen._batches(jobs, lengths)
+    assert [j for _, b in batches for j in b] == jobs  # in order, none lost
+    assert [start for start, _ in batches] == [0] + [sum(len(b) for _, b in batches[:k]) for k in range(1, len(batches))]
+    for _, b in batches:
+        width = max(lengths[i] for i, _ in b) + 10
+        assert len(b) <= 4 and (len(b) == 1 or len(b) * width <= 100)
+    assert [len(b) for _, b in batches] == [2, 1, 1, 3, 1]

@@ -5,17 +5,30 @@
 as failed checks, never as wrong answers. A trace that states no answer at all is
 wrong (False), not a failed check.
 
-math-verify's own timeouts use signals, which only work in the main thread; here they
-are switched off (``parsing_timeout=None, timeout_seconds=None``) and every check runs
-in a worker thread whose result is awaited for at most ``timeout`` seconds.
+Checks run in a few worker processes, never in this one: math-verify can spend minutes
+inside sympy on one adversarial answer (``\\sin(10^{10^{6}})``), where neither its own
+signal-based timeouts nor a thread can stop it. A check still running after
+``timeout`` seconds gets its worker killed (and replaced) and counts as failed. Workers
+take pairs in batches and answer one check at a time, so thousands of quick checks cost
+a few process starts, not one each. They are plain ``python`` processes running this
+file, not ``multiprocessing`` children: those re-import the main module, and importing
+betaprm brings torch.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from multiprocessing.connection import wait
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)?\s*[:=]?\s*(.+?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
@@ -72,7 +85,8 @@ def _verify(gold: str, pred: str) -> bool | None:
 
     from math_verify import parse, verify
 
-    # It warns on every call that its own timeout is off: we bound the time ourselves.
+    # It warns on every call that its own timeout is off: the worker's time is bounded
+    # from outside (its signals cannot interrupt sympy's long computations anyway).
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
     g = parse(gold, parsing_timeout=None)
@@ -86,41 +100,184 @@ def _verify(gold: str, pred: str) -> bool | None:
     return bool(verify(g, p, timeout_seconds=None))
 
 
+def _safe_verify(gold: str, pred: str) -> bool | None:
+    try:
+        return _verify(gold, pred)
+    except Exception:  # math-verify raising is a failed check, not a wrong answer
+        return None
+
+
+def _worker_main() -> None:
+    """A check worker: after a first line "ready", reads batches on stdin (one JSON line
+    of [index, gold, pred] triples each) and writes one JSON line [index, verdict] per
+    check on stdout as soon as it is done."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever sympy prints must not mix with the answers
+    sys.stdout = sys.stderr
+    try:
+        import math_verify  # noqa: F401  (loaded once, before any check's clock starts)
+    except Exception as e:
+        out.write(json.dumps({"error": f"cannot import math_verify ({type(e).__name__}: {e}); pip install math-verify"}) + "\n")
+        out.flush()
+        return
+    out.write('"ready"\n')
+    out.flush()
+    for line in sys.stdin:
+        for i, gold, pred in json.loads(line):
+            out.write(json.dumps([i, _safe_verify(gold, pred)]) + "\n")
+            out.flush()
+
+
+# Runs this file (not the betaprm package, whose import brings torch) and its worker loop.
+# The first sys.path entry is the working directory, where a stray file could shadow a module.
+_BOOT = "import runpy, sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nrunpy.run_path(sys.argv[1])['_worker_main']()"
+_START_TIMEOUT = 120.0  # seconds a worker may take to import math-verify
+_BATCH = (16, 64)  # pairs per batch sent to a worker: at least, at most
+
+
+class _Worker:
+    """One check process and the checks sent to it, not yet answered (in order)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.ready = False
+        self.held: deque = deque()
+        self.since = time.monotonic()  # when its current check (or its start) began
+        self._buf = b""
+
+    def send(self, batch: list) -> None:
+        self.held.extend(batch)
+        self.since = time.monotonic()
+        self.proc.stdin.write(json.dumps(batch).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def receive(self) -> list | None:
+        """The messages that have arrived (call when readable); None when it died."""
+        data = os.read(self.proc.stdout.fileno(), 1 << 16)
+        if not data:
+            return None
+        *lines, self._buf = (self._buf + data).split(b"\n")
+        return [json.loads(line) for line in lines]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def _kill_all(pool: list) -> None:
+    while pool:
+        pool.pop().kill()
+
+
 class AnswerChecker:
-    """Thread-safe answer checking with a time bound per check."""
+    """Answer checking in worker processes, with a hard time bound per check (see the
+    module's docstring). Thread-safe; ``close()`` (or ``with``) stops the workers, which
+    are stopped at exit in any case."""
 
     def __init__(self, timeout: float = 10.0, workers: int = 4):
         self.timeout = timeout
-        self.workers = workers
+        self.workers = max(1, workers)
         self.failed = 0
+        self.workers_started = 0  # worker processes started so far (replacements included)
+        self._pool: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._close = weakref.finalize(self, _kill_all, self._pool)  # also runs at exit
 
-    def _safe(self, gold, pred):
-        try:
-            return _verify(str(gold), str(pred))
-        except Exception:  # math-verify raising is a failed check, not a wrong answer
-            return None
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def check_many(self, pairs: Sequence[tuple[object, str | None]]) -> list[bool | None]:
         """``(gold, predicted answer)`` pairs -> True / False / None (check failed)."""
-        out: list[bool | None] = [False] * len(pairs)
-        pool = ThreadPoolExecutor(self.workers)
-        try:
-            futs = {i: pool.submit(self._safe, g, p) for i, (g, p) in enumerate(pairs) if p is not None and g is not None}
-            for i, (g, p) in enumerate(pairs):
-                if g is None:
-                    out[i] = None
-                elif i in futs:
-                    try:
-                        out[i] = futs[i].result(timeout=self.timeout)
-                    except FutureTimeout:
-                        out[i] = None
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        self.failed += sum(r is None for r in out)
+        out: list[bool | None] = [False] * len(pairs)  # no stated answer: wrong
+        todo = []
+        for i, (g, p) in enumerate(pairs):
+            if g is None:
+                out[i] = None
+            elif p is not None:
+                todo.append([i, str(g), str(p)])
+        with self._lock:
+            if todo:
+                if not self._close.alive:  # used again after close(): stop the new workers at exit too
+                    self._close = weakref.finalize(self, _kill_all, self._pool)
+                try:
+                    self._run(deque(todo), out)
+                except BaseException:
+                    # Interrupted (or broken): workers may be busy with checks nobody awaits.
+                    _kill_all(self._pool)
+                    raise
+            self.failed += sum(r is None for r in out)
         return out
 
     def check(self, gold, pred: str | None) -> bool | None:
         return self.check_many([(gold, pred)])[0]
+
+    def _run(self, queue: deque, out: list) -> None:
+        size = max(_BATCH[0], min(_BATCH[1], -(-len(queue) // self.workers)))
+        pool = self._pool
+        while queue or any(w.held for w in pool):
+            idle = [w for w in pool if not w.held]
+            while len(pool) < self.workers and len(idle) * size < len(queue):
+                pool.append(_Worker())
+                idle.append(pool[-1])
+                self.workers_started += 1
+            for w in idle:
+                if w.ready and queue:
+                    batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+                    try:
+                        w.send(batch)
+                    except OSError:  # it died while idle: its checks go back to the queue
+                        w.held.clear()
+                        queue.extendleft(reversed(batch))
+                        self._drop(w, queue, out)
+            # Wait for answers, until the earliest deadline of a check (or a start).
+            now = time.monotonic()
+            limits = [w.since + (self.timeout if w.ready else _START_TIMEOUT) - now for w in pool if w.held or not w.ready]
+            if not limits:
+                continue
+            readable = wait([w.proc.stdout for w in pool], timeout=max(0.0, min(limits)))
+            for w in [w for w in pool if w.proc.stdout in readable]:
+                msgs = w.receive()
+                if msgs is None:  # it crashed: the check it was running fails
+                    self._drop(w, queue, out)
+                    continue
+                for m in msgs:
+                    if m == "ready":
+                        w.ready = True
+                    elif isinstance(m, dict):
+                        raise RuntimeError(f"answer checks cannot run: {m['error']}")
+                    else:
+                        i, verdict = m
+                        assert w.held[0][0] == i, "a worker answered out of order"
+                        w.held.popleft()
+                        out[i] = verdict
+                    w.since = time.monotonic()
+            now = time.monotonic()
+            for w in list(pool):
+                if (w.held or not w.ready) and now - w.since > (self.timeout if w.ready else _START_TIMEOUT):
+                    self._drop(w, queue, out)  # a check past its time: killed, counted as failed
+
+    def _drop(self, w: _Worker, queue: deque, out: list) -> None:
+        """Kill ``w``: the check it was running fails (None), the rest of its batch goes
+        back to the front of the queue."""
+        if not w.ready:
+            _kill_all(self._pool)
+            raise RuntimeError(f"an answer-check worker ({sys.executable} running {__file__}) did not start within {_START_TIMEOUT:g} s or exited at start")
+        w.kill()
+        self._pool.remove(w)
+        if w.held:
+            out[w.held.popleft()[0]] = None
+            queue.extendleft(reversed(w.held))
 
 
 class LLMJudge:
@@ -138,9 +295,21 @@ class LLMJudge:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, concurrency: int = 8, timeout: float = 60.0, max_retries: int = 2):
         from .generation.openai import OpenAIGenerator
 
-        self.client = OpenAIGenerator(base_url, model, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries)
+        # The key goes only where it is given (the CLI reads it from --api-key-env);
+        # a judge that redirects is refused, never followed (BetaPRMInputError).
+        self.client = OpenAIGenerator(base_url, model, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries, url_flag="--judge-url")
         self.concurrency = concurrency
         self.failed = 0
+
+    def close(self) -> None:
+        """Nothing to stop (each call closes its connection); here so that callers can
+        close either checker alike."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _one(self, gold, pred) -> bool | None:
         from .generation.base import GenerationError

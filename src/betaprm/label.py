@@ -16,7 +16,6 @@ A trace whose steps all failed their checks cannot be a training record; it goes
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ def label_traces(
     progress: bool = True,
 ) -> dict:
     """Label ``items`` into ``out`` (JSONL, appended). Returns counts for a summary."""
+    from .provenance import json_line  # strict JSON: a NaN raises before its record is written
     from .scoring import _completed_ids
 
     done = _completed_ids(out)
@@ -108,9 +108,9 @@ def label_traces(
                         rec["reason"] = f"every answer check failed at steps {bad}: no count to train on"
                         if failed_out:
                             with open(failed_out, "a", encoding="utf-8") as ff:
-                                ff.write(json.dumps(rec) + "\n")
+                                ff.write(json_line(rec))
                     else:
-                        fh.write(json.dumps(rec) + "\n")
+                        fh.write(json_line(rec))
                         stats["labelled"] += 1
                 fh.flush()
                 if bar:

@@ -350,7 +350,10 @@ class BetaPRM(nn.Module):
     def from_pretrained(cls, directory, *, trust_remote_code: bool = False, dtype=None, device=None) -> BetaPRM:
         """Load a directory written by ``save_pretrained``."""
         import transformers
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
+
+        from .data.records import BadJSON, decode_utf8, loads_strict
 
         path = Path(directory)
         cfg_file = path / CONFIG_NAME
@@ -359,7 +362,12 @@ class BetaPRM(nn.Module):
                 f"{path} is not a BetaPRM checkpoint: {CONFIG_NAME} is missing. For a plain causal LM "
                 "use BetaPRM.from_backbone(path)."
             )
-        raw = json.loads(cfg_file.read_text())
+        try:
+            raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
+        except (OSError, BadJSON) as e:
+            raise BetaPRMInputError(f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train") from None
+        if not isinstance(raw, dict):
+            raise BetaPRMInputError(f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save it with save_pretrained, or re-train")
         known = set(BetaPRMConfig.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -368,9 +376,18 @@ class BetaPRM(nn.Module):
         auto = getattr(transformers, config.auto_class, None)
         if auto is None or not config.auto_class.startswith("AutoModel"):
             raise BetaPRMInputError(f"{cfg_file}: auto_class {config.auto_class!r} is not a transformers AutoModel class")
-        backbone = auto.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True)
+        damaged = "the checkpoint is damaged ({}); re-save it with save_pretrained, or re-train"
+        try:
+            backbone = auto.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True)
+        except (OSError, SafetensorError) as e:
+            weights = sorted(path.glob("model*.safetensors"))
+            where = weights[0] if len(weights) == 1 else path / "model*.safetensors"
+            raise BetaPRMInputError(f"{where}: cannot read the model weights or config.json: " + damaged.format(e)) from None
         tok_cls = getattr(transformers, config.tokenizer_class, None) if config.tokenizer_class else None
-        tokenizer = (tok_cls or transformers.AutoTokenizer).from_pretrained(path, trust_remote_code=trust_remote_code)
+        try:
+            tokenizer = (tok_cls or transformers.AutoTokenizer).from_pretrained(path, trust_remote_code=trust_remote_code)
+        except (OSError, json.JSONDecodeError) as e:
+            raise BetaPRMInputError(f"{path}: cannot read the tokenizer files: " + damaged.format(e)) from None
         if config.tokenizer_probe_ids and _probe_ids(tokenizer) != config.tokenizer_probe_ids:
             raise BetaPRMInputError(
                 f"{path}: the tokenizer loaded as {type(tokenizer).__name__} tokenises a probe text "
@@ -386,7 +403,10 @@ class BetaPRM(nn.Module):
                 "files do not belong to this checkpoint"
             )
         head = nn.Linear(_hidden_size(backbone), 1, dtype=torch.float32)
-        head.load_state_dict(load_file(path / HEAD_NAME))
+        try:
+            head.load_state_dict(load_file(path / HEAD_NAME))
+        except (OSError, SafetensorError, RuntimeError) as e:  # missing, truncated, or another model's head
+            raise BetaPRMInputError(f"{path / HEAD_NAME}: cannot read the kappa head: " + damaged.format(e)) from None
         processor = None
         if config.processor_class:
             from .vision import load_processor

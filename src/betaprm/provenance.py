@@ -154,13 +154,13 @@ def _check_settings(path: Path, settings: dict, info: dict, flag: str) -> None:
             old = json.loads(meta.read_text())
             old_settings, old_info = old["settings"], old.get("info", {})
         except (ValueError, KeyError, TypeError):
-            raise BetaPRMInputError(f"{meta}: not a betaprm settings file; delete {path} and {meta} to start anew, or use another {flag}") from None
+            raise BetaPRMInputError(f"{meta}: not a betaprm settings file; delete {path} to start anew, or use another {flag}") from None
         diff = differences(old_settings, settings, old_info, info)
         if diff:
             raise BetaPRMInputError(
                 f"{path} holds records made with other settings (recorded in {meta}):\n  " + "\n  ".join(diff)
                 + f"\nresuming would mix the two in one file: rerun with the recorded settings to resume, "
-                f"or write to another {flag}, or delete {path} and {meta} to start anew"
+                f"or write to another {flag}, or delete {path} to start anew"
             )
         return
     if has_records:
@@ -190,11 +190,15 @@ def open_output(path, settings: dict, info: dict | None = None, flag: str = "--o
         fh.close()
 
 
-def provenance(settings: dict, info: dict | None = None) -> dict:
-    """The ``settings`` key of a JSON result: what made it, in the sidecar's layout."""
+def write_result(path, result: dict, settings: dict, info: dict | None = None) -> None:
+    """A JSON result (an evaluation) with a ``provenance`` key: ``settings`` and ``info``
+    in the sidecar's layout. NaN there means "undefined" (an accuracy over no problems)
+    and is written as null, so the file stays strict JSON."""
     from .model import _version
 
-    return {"settings": settings, "info": {**(info or {}), "betaprm": _version()}}
+    obj = finite_or_null({**result, "provenance": {"settings": settings, "info": {**(info or {}), "betaprm": _version()}}})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------------- strict JSON

@@ -70,6 +70,7 @@ class TrainConfig:
     report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
     seed: int = _f(42, "random seed (model init, data order)")
     resume_from_checkpoint: str | None = _f(None, "checkpoint directory to resume from, or 'last' for the newest in output_dir")
+    overwrite_output_dir: bool = _f(False, "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model files overwritten (without this flag such a directory is refused, unless resuming)")
     on_error: str = _f("fail", "fail: stop on any bad record; skip: leave bad records out (see --rejects)")
     rejects: str | None = _f(None, "where skipped records go (default: OUTPUT_DIR/rejects.jsonl)")
     marker: str = _f("<prm>", "the step marker token")
@@ -109,6 +110,8 @@ class TrainConfig:
             problems.append(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.lora_r < 0:
             problems.append(f"--lora-r must be >= 0, got {self.lora_r}")
+        if self.overwrite_output_dir and self.resume_from_checkpoint:
+            problems.append("--overwrite-output-dir starts anew and --resume-from-checkpoint continues a run: give one of them")
         if problems:
             raise BetaPRMInputError("bad training configuration:\n  " + "\n  ".join(problems))
 
@@ -325,12 +328,23 @@ def load_or_create(cfg: TrainConfig):
     """A BetaPRM from a BetaPRM checkpoint or a plain causal LM (new head)."""
     from .model import CONFIG_NAME, BetaPRM
 
-    if (Path(cfg.model) / CONFIG_NAME).is_file():
+    from safetensors import SafetensorError
+
+    path = Path(cfg.model)
+    if (path / CONFIG_NAME).is_file():
         return BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    return BetaPRM.from_backbone(
-        cfg.model, marker=cfg.marker, reward_tokens=cfg.reward_words, kappa_init=cfg.kappa_init,
-        kappa_min=cfg.kappa_min, chat_template=cfg.chat_template, marker_repeat=cfg.marker_repeat, trust_remote_code=cfg.trust_remote_code,
-    )
+    # A hub id is "name" or "org/name"; anything else that is not on disk is a wrong path
+    # (checked here so that no hub request is made for it).
+    if not path.exists() and (path.is_absolute() or cfg.model.startswith(".") or cfg.model.count("/") > 1 or "\\" in cfg.model):
+        raise BetaPRMInputError(f"--model {cfg.model}: no such directory; give a causal-LM directory, a BetaPRM checkpoint or a Hugging Face hub id")
+    try:
+        return BetaPRM.from_backbone(
+            cfg.model, marker=cfg.marker, reward_tokens=cfg.reward_words, kappa_init=cfg.kappa_init,
+            kappa_min=cfg.kappa_min, chat_template=cfg.chat_template, marker_repeat=cfg.marker_repeat, trust_remote_code=cfg.trust_remote_code,
+        )
+    except (OSError, SafetensorError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BetaPRMInputError(f"--model {cfg.model}: cannot load a model ({reason}); give a causal-LM directory (config.json, weights, tokenizer), a BetaPRM checkpoint, or a Hugging Face hub id you can reach") from None
 
 
 def apply_lora(prm, cfg: TrainConfig) -> None:
@@ -382,6 +396,89 @@ def _sampling(cfg: TrainConfig) -> dict:
     return {"group_by_length": cfg.group_by_length} if cfg.group_by_length else {}
 
 
+RUN_NAME = "betaprm_run.json"
+"""Written into every checkpoint: the run's settings, which a resume must match."""
+
+# TrainConfig fields that do not change the trained model (logging, saving, paths,
+# devices, how a global batch is split into micro-batches): left out of the settings a
+# resume must match. The data and the starting model enter as fingerprints of their contents.
+NOT_RESULTS = {"model", "data", "output_dir", "logging_steps", "save_steps", "save_total_limit", "plots", "report_to", "resume_from_checkpoint",
+               "overwrite_output_dir", "on_error", "rejects", "trust_remote_code", "dataloader_num_workers", "use_cpu", "ddp_backend",
+               "per_device_batch_size", "gradient_checkpointing"}
+
+
+def run_record(cfg: TrainConfig) -> dict:
+    """The run's settings (data and starting model by fingerprint, the hyperparameters
+    that change the result) and, for messages only, where the data and model came from."""
+    from .provenance import fingerprint, settings_of
+
+    settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
+
+
+def _refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
+    """A new run in a directory that holds files stops, unless told to overwrite: the
+    Trainer's rotation would delete the earlier run's checkpoints and the final save
+    overwrite its model. With --overwrite-output-dir the earlier checkpoints go first, so
+    rotation and `--resume-from-checkpoint last` never mix two runs' checkpoints."""
+    import shutil
+
+    out = Path(cfg.output_dir)
+    if cfg.resume_from_checkpoint or not out.is_dir():
+        return
+    # rejects.jsonl: with several processes, rank 0 may write this run's before another rank looks.
+    used = sorted(p.name for p in out.iterdir() if p.name != "rejects.jsonl")
+    if not used:
+        return
+    if not cfg.overwrite_output_dir:
+        shown = ", ".join(used[:4]) + (f" and {len(used) - 4} more" if len(used) > 4 else "")
+        raise BetaPRMInputError(
+            f"--output-dir {out} is not empty ({shown}): a new run there would delete the earlier run's checkpoints and overwrite "
+            "its model. Continue that run with --resume-from-checkpoint last, choose another --output-dir, or pass "
+            "--overwrite-output-dir to start anew there"
+        )
+    if rank == 0:
+        for old in out.glob("checkpoint-*"):
+            shutil.rmtree(old)
+
+
+def _check_resume(resume: str, record: dict, say=print) -> None:
+    """Stop when the checkpoint's run had other data or hyperparameters: its optimiser
+    state and schedule would go on under settings they were not made for."""
+    from .provenance import differences
+
+    if not Path(resume).is_dir():
+        raise BetaPRMInputError(f"--resume-from-checkpoint {resume}: no such checkpoint directory")
+    path = Path(resume) / RUN_NAME
+    if not path.is_file():
+        say(f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without checking data and hyperparameters")
+        return
+    try:
+        old = json.loads(path.read_text())
+        diff = differences(old["settings"], record["settings"], old.get("info"), record["info"])
+    except (ValueError, KeyError, TypeError):
+        raise BetaPRMInputError(f"{path}: not a betaprm run record; remove it to resume without checking the settings") from None
+    if diff:
+        raise BetaPRMInputError(
+            f"--resume-from-checkpoint {resume}: the checkpoint's run had other settings (recorded in {path}):\n  " + "\n  ".join(diff)
+            + "\nresume with the checkpoint's settings, or start a new run in another --output-dir (or here with --overwrite-output-dir, "
+            "which deletes these checkpoints)"
+        )
+
+
+def _run_recorder(record: dict):
+    """A callback that writes ``record`` into every checkpoint it saves."""
+    from transformers import TrainerCallback
+
+    class RunRecorder(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_world_process_zero and folder.is_dir():
+                (folder / RUN_NAME).write_text(json.dumps(record, indent=2) + "\n")
+
+    return RunRecorder()
+
+
 def _last_checkpoint(output_dir: str) -> str:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -408,6 +505,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
     say = log if rank == 0 else (lambda *a, **k: None)
     grad_accum = _grad_accum(cfg, world)
     set_seed(cfg.seed)
+    _refuse_used_output_dir(cfg, rank)  # before this run writes anything there
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rejects = cfg.rejects or str(out_dir / "rejects.jsonl")
@@ -415,6 +513,10 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
     say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
     if not loaded.records:
         raise BetaPRMInputError(f"{cfg.data}: no usable records")
+    record = run_record(cfg)
+    resume = _last_checkpoint(cfg.output_dir) if cfg.resume_from_checkpoint == "last" else cfg.resume_from_checkpoint
+    if resume:
+        _check_resume(resume, record, say)  # before the model loads: a wrong resume stops at once
 
     prm = load_or_create(cfg)
     if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
@@ -484,14 +586,12 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
         callbacks=list(callbacks or []),
     )
     trainer.record_ids = [r.id for r in loaded.records]
+    trainer.add_callback(_run_recorder(record))  # each checkpoint records its run's settings
     if quiet:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
-    resume = cfg.resume_from_checkpoint
-    if resume == "last":
-        resume = _last_checkpoint(cfg.output_dir)
     trainer.train(resume_from_checkpoint=resume)
 
     # The final model: a BetaPRM directory (LoRA merged into the backbone; sharded
@@ -504,6 +604,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
         prm.save_pretrained(out_dir, state_dict=full_state)
         summary = {
             "config": asdict(cfg),
+            "run": record,
             "version": _version(),
             "records": {"loaded": len(loaded.records), "rejected": loaded.n_rejected},
             "truncation": asdict(dataset.stats),

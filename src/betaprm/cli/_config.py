@@ -67,6 +67,31 @@ def load_config_file(path: str) -> dict:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
+def _typed(cls, values: dict, path: str) -> dict:
+    """The file's values checked against the fields' types (as a flag's value would be):
+    an int is accepted for a float field, nothing else is converted."""
+    import math
+
+    hints, out, bad = get_type_hints(cls), {}, []
+    for k, v in values.items():
+        typ = hints[k]
+        optional = typ in (int | None, float | None, str | None)
+        base = typ.__args__[0] if optional else typ
+        if v is None and optional:
+            out[k] = v
+        elif base is bool and isinstance(v, bool) or base is str and isinstance(v, str):
+            out[k] = v
+        elif base is int and isinstance(v, int) and not isinstance(v, bool):
+            out[k] = v
+        elif base is float and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+        else:
+            bad.append(f"{k}: expected {'a finite number' if base is float else base.__name__}{' or null' if optional else ''}, got {str(v)[:40]!r} ({type(v).__name__})")
+    if bad:
+        raise BetaPRMInputError(f"--config {path}: wrong value types:\n  " + "\n  ".join(bad) + "\nfix: write each option as it would be given on the command line")
+    return out
+
+
 def config_from_args(cls, ns: argparse.Namespace):
     """Dataclass defaults < ``--config`` file < command-line flags."""
     names = {f.name for f in dataclasses.fields(cls)}
@@ -76,6 +101,7 @@ def config_from_args(cls, ns: argparse.Namespace):
         unknown = sorted(set(values) - names)
         if unknown:
             raise BetaPRMInputError(f"--config {ns.config}: unknown keys {unknown}; allowed: {sorted(names)}")
+        values = _typed(cls, values, ns.config)
     values.update({k: v for k, v in vars(ns).items() if k in names})
     try:
         return cls(**values)

@@ -183,6 +183,8 @@ def _run(cfg):
             cfg.final = "lin"
     aca_cfg = cfg.aca_config(final_lam if final_lam is not None else 0.5, final_tau)
     records = run_aca(tasks, generator, scorer, aca_cfg, answer_of, is_correct, out=cfg.out, write_candidates=cfg.write_candidates)
+    if cfg.problems is not None:
+        checker.close()  # stops math-verify's worker process (on an error above, the exit does)
     s = summarize(records)
     print(f"{cfg.variant}: {s['n']} problems, accuracy {s['acc']:.3f}, {s['tokens']} generated tokens "
           f"({s['tokens'] / max(s['n'], 1):.0f} per problem), mean pool {s['mean_pool_size']:.1f}, stops {s['stop_reasons']}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +14,8 @@ DESCRIPTION = """Best-of-N evaluation, the protocol of the paper's table 1.
 files also carry mu, kappa, sigma per candidate, else give --model to score on the fly).
 Final answers are read from each candidate's last step (\\boxed{}, <answer>, "answer is")
 and checked against the reference with math-verify, or by an LLM judge behind an
-OpenAI-compatible server (--judge-url, --judge-model); failed checks are counted apart.
+OpenAI-compatible server (--judge-url, --judge-model; --api-key-env NAME sends the key
+held in environment variable NAME, no key is sent without it); failed checks are counted apart.
 S_lin and S_RB are tuned on --val-fraction of each benchmark's problems; the table gives
 test accuracy with 95% bootstrap intervals and the average gain over single pass."""
 
@@ -35,10 +35,13 @@ class EvalBonConfig(ScoringOptions):
     device: str = _f("auto", "auto, cpu, cuda, ...")
     judge_url: str | None = _f(None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify")
     judge_model: str = _f("", "the judge's served model name")
+    api_key_env: str | None = _f(None, "with --judge-url: the NAME of an environment variable holding the judge's API key, sent as "
+                                       "'Authorization: Bearer' (e.g. --api-key-env OPENAI_API_KEY); without it no key is sent")
     check_timeout: float = _f(10.0, "math-verify: seconds per check before it counts as failed")
 
     def __post_init__(self):
         from ..errors import BetaPRMInputError
+        from ..generation.factory import api_key_problems
 
         bad = []
         if not self.pools:
@@ -48,6 +51,9 @@ class EvalBonConfig(ScoringOptions):
         bad += self.scoring_problems()
         if self.judge_url and not self.judge_model:
             bad.append("--judge-url needs --judge-model")
+        if self.api_key_env and not self.judge_url:
+            bad.append("--api-key-env is for --judge-url (only the judge talks HTTP)")
+        bad += api_key_problems(self.api_key_env)
         if bad:
             raise BetaPRMInputError("bad eval-bon configuration: " + "; ".join(bad))
 
@@ -58,22 +64,39 @@ def add_arguments(parser):
     add_config_args(parser, EvalBonConfig)
 
 
-def run(args):
-    import os
+# Options that do not change the results (paths, batching, device, where the judge is
+# served): left out of the settings recorded in --out. The model and the pool files
+# enter as fingerprints of their contents.
+NOT_RESULTS = {"pools", "model", "out", "plots", "device", "batch_size", "max_batch_tokens", "judge_url", "api_key_env"}
 
+
+def result_settings(cfg) -> dict:
+    from ..provenance import fingerprint, model_fingerprint, settings_of
+
+    pools = {p.strip(): fingerprint(p.strip()) for p in cfg.pools.split(",") if p.strip()}
+    return {"model": model_fingerprint(cfg.model) if cfg.model else None, "pools": pools, **settings_of(cfg, NOT_RESULTS)}
+
+
+def run(args):
     from ..answers import AnswerChecker, LLMJudge, final_answer
     from ..data.records import read_records
     from ..errors import BetaPRMInputError
     from ..evaluation.bon import SELECTORS, check_pools, evaluate_pools
+    from ..generation.factory import read_api_key
+    from ..provenance import write_result
     from ._config import config_from_args
 
     cfg = config_from_args(EvalBonConfig, args)
-    checker = LLMJudge(cfg.judge_url, cfg.judge_model, api_key=os.environ.get("OPENAI_API_KEY")) if cfg.judge_url else AnswerChecker(timeout=cfg.check_timeout)
+    # A key goes to the judge only when --api-key-env names where it is.
+    checker = (LLMJudge(cfg.judge_url, cfg.judge_model, api_key=read_api_key(cfg.api_key_env)) if cfg.judge_url
+               else AnswerChecker(timeout=cfg.check_timeout))
     prm = None
     results, curves = {}, {}
     for path in [p.strip() for p in cfg.pools.split(",") if p.strip()]:
         name = Path(path).stem
-        records = read_records(path, kind="pool").records
+        records = read_records(path, kind="pool", flag="--pools").records
+        if not records:
+            raise BetaPRMInputError(f"--pools {path}: holds no pool records; fix: give a JSONL file with one pool (id, question, answer, candidates) per line")
         for r in records:
             if r.get("answer") is None:
                 raise BetaPRMInputError(f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer")
@@ -89,6 +112,7 @@ def run(args):
         results[name] = res
         if cfg.plots:
             curves[name] = _curve(pools, res, cfg)
+    checker.close()  # stops math-verify's worker processes (on an error above, the exit does)
     names = list(results)
     sel = [s for s in SELECTORS if all(s in results[n]["selectors"] for n in names)]
     gains = {s: sum(results[n]["selectors"][s]["acc"] - results[n]["selectors"]["single_pass"]["acc"] for n in names) / len(names) for s in sel}
@@ -104,7 +128,7 @@ def run(args):
         print(f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks failed" + (f" (picks left out: {failed})" if failed else ""))
     out = {"benchmarks": results, "avg_gain_vs_single_pass": gains, "judge": cfg.judge_model if cfg.judge_url else "math-verify"}
     if cfg.out:
-        Path(cfg.out).write_text(json.dumps(out, indent=2) + "\n")
+        write_result(cfg.out, out, result_settings(cfg), {"model": cfg.model})
     if cfg.plots:
         from ..evaluation import plots
 

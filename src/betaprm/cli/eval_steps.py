@@ -70,6 +70,17 @@ def load_prm(path: str, device: str, trust_remote_code: bool = False):
     return prm.to(device).eval(), "zero-shot"
 
 
+# Options that do not change the results (paths, batching, device): left out of the
+# settings recorded in --out. The model and the data enter as fingerprints of their contents.
+NOT_RESULTS = {"model", "data", "out", "plots", "device", "batch_size", "max_batch_tokens", "trust_remote_code"}
+
+
+def result_settings(cfg) -> dict:
+    from ..provenance import fingerprint, model_fingerprint, settings_of
+
+    return {"model": model_fingerprint(cfg.model), "data": fingerprint(cfg.data), **settings_of(cfg, NOT_RESULTS)}
+
+
 def run(args):
     import torch
 
@@ -107,7 +118,9 @@ def run(args):
     if res["n_unscored_steps"]:
         print(f"{res['n_unscored_steps']} annotated steps lay beyond the model's positions and were left out (--truncate steps)")
     if cfg.out:
-        Path(cfg.out).write_text(json.dumps(res, indent=2) + "\n")
+        from ..provenance import write_result
+
+        write_result(cfg.out, res, result_settings(cfg), {"model": cfg.model, "data": cfg.data})
     if cfg.plots:
         _plots(cfg, items, scores, step_scores, res)
     return 0

@@ -16,7 +16,9 @@ candidates (a list of {"steps": [...]}; candidate j becomes record ID/j). For ev
 openai or vllm), their final answers checked against the reference with math-verify;
 K_t counts the correct ones. A check that fails (math-verify error or timeout) is kept in
 mc_failed and left out of N_t, never counted as wrong. Output: training records
-(design.md section 5), appended per trace; rerunning resumes.
+(design.md section 5), appended per trace; rerunning resumes. OUT.meta.json records the
+settings that made the records (a rerun with other settings stops and names them);
+OUT.lock keeps a second process out of --out.
 
 --backend synth (no --input) labels traces of the chain-arithmetic world instead:
 --n-problems problems, --traces-per-problem traces each, checked exactly."""
@@ -98,14 +100,37 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
     return items
 
 
+# Options that do not change a record (paths, how many problems, how a server is reached,
+# how requests are grouped): left out of the settings a resumed --out must match. The
+# policy and the world's settings file enter as fingerprints of their contents.
+NOT_RESULTS = {"input", "out", "failed", "chunk", "n_problems", "policy", "world_config",
+               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size"}
+
+
+def result_settings(cfg) -> dict:
+    """What makes --out's records: compared with OUT.meta.json when a run resumes."""
+    from ..provenance import fingerprint, settings_of
+
+    return {"policy": fingerprint(cfg.policy) if cfg.policy else "", "world_config": fingerprint(cfg.world_config) if cfg.world_config else None,
+            **settings_of(cfg, NOT_RESULTS)}
+
+
 def run(args):
+    from ..provenance import open_output
+    from ._config import config_from_args
+
+    cfg = config_from_args(LabelConfig, args)
+    # Checked (and locked) before the policy loads: a wrong resume stops at once.
+    with open_output(cfg.out, result_settings(cfg), {"policy": cfg.policy, "input": cfg.input, "world_config": cfg.world_config}):
+        return _run(cfg)
+
+
+def _run(cfg):
     from pathlib import Path
 
     from ..generation.factory import build_generator
     from ..label import LabelItem, label_traces
-    from ._config import config_from_args
 
-    cfg = config_from_args(LabelConfig, args)
     failed = cfg.failed or str(Path(cfg.out).with_suffix("")) + ".failed.jsonl"
     if cfg.backend == "synth":
         from ..synth import SynthPolicy, World, WorldConfig, synth_answer
@@ -130,6 +155,8 @@ def run(args):
         def check_many(pairs):
             return checker.check_many([(it.answer, a) for it, a in pairs])
     s = label_traces(items, generator, cfg.n, answer_of, check_many, cfg.out, failed, seed=cfg.seed, chunk=cfg.chunk)
+    if cfg.backend != "synth":
+        checker.close()  # stops math-verify's worker processes (on an error above, the exit does)
     msg = f"{s['traces']} traces: {s['already_done']} already done, {s['labelled']} labelled into {cfg.out}, {s['tokens']} tokens generated"
     if s["failed_checks"]:
         msg += f"; {s['failed_checks']} answer checks failed (kept in mc_failed, left out of N)"

@@ -86,11 +86,11 @@ def _is_number(x) -> bool:
 def _check_steps(obj, line, prefix, marker, problems):
     steps = obj.get("steps") if isinstance(obj, dict) else None
     if not isinstance(steps, list) or not steps:
-        problems.append(Problem(line, prefix + "steps", f"must be a non-empty list of strings, got {_short(steps)}", "give the reasoning steps as a JSON list of strings"))
+        problems.append(Problem(line, prefix + "steps", f"must be a non-empty list of strings, got {short_repr(steps)}", "give the reasoning steps as a JSON list of strings"))
         return None
     for i, s in enumerate(steps):
         if not isinstance(s, str):
-            problems.append(Problem(line, f"{prefix}steps[{i}]", f"must be a string, got {_short(s)}", "write every step as a string"))
+            problems.append(Problem(line, f"{prefix}steps[{i}]", f"must be a string, got {short_repr(s)}", "write every step as a string"))
         elif not s.strip():
             problems.append(Problem(line, f"{prefix}steps[{i}]", "is empty", "remove the empty step (and its counts) or fill in its text"))
         elif marker in s:
@@ -98,7 +98,7 @@ def _check_steps(obj, line, prefix, marker, problems):
     return steps
 
 
-def _short(x, n=60) -> str:
+def short_repr(x, n=60) -> str:
     if isinstance(x, str):
         s = repr(x[: n + 1])
     else:
@@ -116,7 +116,7 @@ def _check_images(obj, line, base_dir: Path | None, problems, must_exist: bool =
     if isinstance(images, str):
         images = [images]
     if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
-        problems.append(Problem(line, "images", f"must be a list of file paths, got {_short(images)}", "give image paths as a JSON list of strings"))
+        problems.append(Problem(line, "images", f"must be a list of file paths, got {short_repr(images)}", "give image paths as a JSON list of strings"))
         return []
     if not must_exist:
         return list(images)
@@ -136,15 +136,15 @@ def _check_counts(obj, line, n_steps, problems):
     n = obj.get("mc_total")
     soft = obj.get("soft", False)
     if not isinstance(soft, bool):
-        problems.append(Problem(line, "soft", f"must be true or false, got {_short(soft)}", "set soft to true only for fractional (soft-label) counts"))
+        problems.append(Problem(line, "soft", f"must be true or false, got {short_repr(soft)}", "set soft to true only for fractional (soft-label) counts"))
         soft = False
     if not isinstance(k, list):
-        problems.append(Problem(line, "mc_correct", f"must be a list with one count per step, got {_short(k)}", "give K (successful continuations) for every step"))
+        problems.append(Problem(line, "mc_correct", f"must be a list with one count per step, got {short_repr(k)}", "give K (successful continuations) for every step"))
         return None, None
     if _is_int(n):
         n = [n] * len(k)
     if not isinstance(n, list):
-        problems.append(Problem(line, "mc_total", f"must be an integer or a list of integers, got {_short(n)}", "give N (continuations sampled) per step or once for all steps"))
+        problems.append(Problem(line, "mc_total", f"must be an integer or a list of integers, got {short_repr(n)}", "give N (continuations sampled) per step or once for all steps"))
         return None, None
     if n_steps is not None and len(k) != n_steps:
         problems.append(Problem(line, "mc_correct", f"has {len(k)} counts for {n_steps} steps", "give exactly one count per step; never pad or drop counts"))
@@ -154,18 +154,18 @@ def _check_counts(obj, line, n_steps, problems):
     ok = True
     for i, (kk, nn) in enumerate(zip(k, n)):
         if not _is_int(nn):
-            problems.append(Problem(line, f"mc_total[{i}]", f"N must be an integer count, got {_short(nn)}", "write N as a whole number of continuations"))
+            problems.append(Problem(line, f"mc_total[{i}]", f"N must be an integer count, got {short_repr(nn)}", "write N as a whole number of continuations"))
             ok = False
             continue
         if nn < 1:
             problems.append(Problem(line, f"mc_total[{i}]", f"N = {nn} < 1", "N counts sampled continuations and must be at least 1"))
             ok = False
         elif nn > MAX_COUNT:
-            problems.append(Problem(line, f"mc_total[{i}]", f"N = {_short(nn)} is above {MAX_COUNT:,} (2**24)", "use N <= 16,777,216: float32 training would round larger counts; scale K and N down together (fractional K needs \"soft\": true)"))
+            problems.append(Problem(line, f"mc_total[{i}]", f"N = {short_repr(nn)} is above {MAX_COUNT:,} (2**24)", "use N <= 16,777,216: float32 training would round larger counts; scale K and N down together (fractional K needs \"soft\": true)"))
             ok = False
         if not _is_number(kk) or (not soft and not _is_int(kk)):
             problems.append(
-                Problem(line, f"mc_correct[{i}]", f"K must be an integer count, got {_short(kk)}",
+                Problem(line, f"mc_correct[{i}]", f"K must be an integer count, got {short_repr(kk)}",
                         'write K as a whole number; for soft labels store K = p*N and set "soft": true (what `betaprm convert --from trl --soft-n N` writes)')
             )
             ok = False
@@ -194,14 +194,14 @@ def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
     for key in SCORE_FIELDS:
         vals, (ok, rule) = cand[key], allowed[key]
         if not isinstance(vals, list):
-            problems.append(Problem(line, prefix + key, f"must be a list with one number per step, got {_short(vals)}", "rescore the pool with betaprm score"))
+            problems.append(Problem(line, prefix + key, f"must be a list with one number per step, got {short_repr(vals)}", "rescore the pool with betaprm score"))
             continue
         if n_steps is not None and len(vals) != n_steps:
             problems.append(Problem(line, prefix + key, f"has {len(vals)} values for {n_steps} steps", "give one score per step; rescore the pool with betaprm score"))
             continue
         for i, x in enumerate(vals):
             if not _is_number(x) or not ok(x):
-                problems.append(Problem(line, f"{prefix}{key}[{i}]", f"must be a finite number {rule}, got {_short(x)}", "rescore the pool with betaprm score"))
+                problems.append(Problem(line, f"{prefix}{key}[{i}]", f"must be a finite number {rule}, got {short_repr(x)}", "rescore the pool with betaprm score"))
                 break
 
 
@@ -209,22 +209,22 @@ def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>",
     """Check one parsed JSON object. Returns ``(record_or_None, problems)``."""
     problems: list[Problem] = []
     if not isinstance(obj, dict):
-        return None, [Problem(line, "(record)", f"must be a JSON object, got {_short(obj)}", "write one JSON object per line")]
+        return None, [Problem(line, "(record)", f"must be a JSON object, got {short_repr(obj)}", "write one JSON object per line")]
     rid = obj.get("id")
     if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid == "":
-        problems.append(Problem(line, "id", f"missing or not a string: {_short(rid)}", "give every record a unique string id"))
+        problems.append(Problem(line, "id", f"missing or not a string: {short_repr(rid)}", "give every record a unique string id"))
     elif seen_ids is not None:
         if str(rid) in seen_ids:
             problems.append(Problem(line, "id", f"duplicate id {str(rid)!r}", "make ids unique within the file"))
         seen_ids.add(str(rid))
     question = obj.get("question")
     if not isinstance(question, str) or not question.strip():
-        problems.append(Problem(line, "question", f"missing or empty: {_short(question)}", "give the problem text as a non-empty string"))
+        problems.append(Problem(line, "question", f"missing or empty: {short_repr(question)}", "give the problem text as a non-empty string"))
     elif marker in question:
         problems.append(Problem(line, "question", f"contains the marker text {marker!r}", f"remove {marker!r} from the question"))
     for opt in ("answer", "source"):
         if obj.get(opt) is not None and not isinstance(obj[opt], (str, int, float)):
-            problems.append(Problem(line, opt, f"must be a string, got {_short(obj[opt])}", f"write {opt} as a string"))
+            problems.append(Problem(line, opt, f"must be a string, got {short_repr(obj[opt])}", f"write {opt} as a string"))
     images = _check_images(obj, line, base_dir, problems, must_exist=check_images)
     if kind == "counts":
         steps = _check_steps(obj, line, "", marker, problems)
@@ -236,11 +236,11 @@ def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>",
     if kind == "pool":
         cands = obj.get("candidates")
         if not isinstance(cands, list) or not cands:
-            problems.append(Problem(line, "candidates", f"must be a non-empty list of {{'steps': [...]}} objects, got {_short(cands)}", "list the candidate solutions, each with its steps"))
+            problems.append(Problem(line, "candidates", f"must be a non-empty list of {{'steps': [...]}} objects, got {short_repr(cands)}", "list the candidate solutions, each with its steps"))
         else:
             for j, c in enumerate(cands):
                 if not isinstance(c, dict):
-                    problems.append(Problem(line, f"candidates[{j}]", f"must be an object with 'steps', got {_short(c)}", 'write each candidate as {"steps": [...]}'))
+                    problems.append(Problem(line, f"candidates[{j}]", f"must be an object with 'steps', got {short_repr(c)}", 'write each candidate as {"steps": [...]}'))
                 else:
                     steps = _check_steps(c, line, f"candidates[{j}].", marker, problems)
                     _check_scores(c, line, f"candidates[{j}].", steps, problems)
@@ -274,8 +274,9 @@ def loads_strict(text: str) -> Any:
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
+        msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg  # "Invalid control character at"
         at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno} column {e.colno}"
-        raise BadJSON(f"not valid JSON ({e.msg} at {at})", e.lineno) from None
+        raise BadJSON(f"not valid JSON ({msg} at {at})", e.lineno) from None
     except _Refused as e:
         raise BadJSON(f"not valid JSON ({e})") from None
     except ValueError:  # the only other ValueError json raises: int() on a too long literal
@@ -336,15 +337,16 @@ def iter_jsonl(path, flag: str | None = None) -> Iterator[tuple[int, Any, Proble
                 data = data[3:]  # a UTF-8 byte order mark, as some editors write
             if not data.strip():
                 continue
+            data = data.rstrip(b"\r\n")
             try:
                 text = decode_utf8(data)
             except BadJSON as e:
-                yield i, None, Problem(i, "(line)", e.reason, UTF8_FIX), data.decode("utf-8", errors="replace").rstrip("\r\n")
+                yield i, None, Problem(i, "(line)", e.reason, UTF8_FIX), data.decode("utf-8", errors="replace")
                 continue
             try:
-                yield i, loads_strict(text), None, text.rstrip("\r\n")
+                yield i, loads_strict(text), None, text
             except BadJSON as e:
-                yield i, None, Problem(i, "(line)", e.reason, "fix the JSON on this line (one JSON object per line)"), text.rstrip("\r\n")
+                yield i, None, Problem(i, "(line)", e.reason, "fix the JSON on this line (one JSON object per line)"), text
 
 
 def read_objects(path, required: tuple[str, ...] = (), what: str = "one JSON object", flag: str | None = None) -> Iterator[tuple[str, dict]]:
@@ -357,7 +359,7 @@ def read_objects(path, required: tuple[str, ...] = (), what: str = "one JSON obj
         if problem is not None:
             raise BetaPRMInputError(f"{where}: {problem.message}; fix: {problem.fix}; each line must be {what}")
         if not isinstance(obj, dict):
-            raise BetaPRMInputError(f"{where}: got {_short(obj)}; each line must be a JSON object with {what}")
+            raise BetaPRMInputError(f"{where}: got {short_repr(obj)}; each line must be a JSON object with {what}")
         for k in required:
             if obj.get(k) in (None, ""):
                 raise BetaPRMInputError(f"{where}: field {k!r} is missing or empty; each line needs {what}")
@@ -370,13 +372,13 @@ def problem_fields(obj: dict, where: str, marker: str | None = None) -> tuple[st
     answer a string or number. Raises naming the line and field otherwise."""
     rid, question, answer = obj.get("id"), obj.get("question"), obj.get("answer")
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
-        raise BetaPRMInputError(f"{where}: field 'id' must be a string, got {_short(rid)}; fix: give every line a unique string id")
+        raise BetaPRMInputError(f"{where}: field 'id' must be a string, got {short_repr(rid)}; fix: give every line a unique string id")
     if not isinstance(question, str) or not question.strip():
-        raise BetaPRMInputError(f"{where}: field 'question' must be a non-empty string, got {_short(question)}; fix: write the problem text as a string")
+        raise BetaPRMInputError(f"{where}: field 'question' must be a non-empty string, got {short_repr(question)}; fix: write the problem text as a string")
     if marker and marker in question:
         raise BetaPRMInputError(f"{where}: field 'question' contains the marker text {marker!r}; fix: remove it from the question")
     if isinstance(answer, bool) or not (isinstance(answer, str) or _is_number(answer)) or answer == "":
-        raise BetaPRMInputError(f"{where}: field 'answer' must be a string or a number, got {_short(answer)}; fix: write the reference answer as a string")
+        raise BetaPRMInputError(f"{where}: field 'answer' must be a string or a number, got {short_repr(answer)}; fix: write the reference answer as a string")
     return str(rid), question, str(answer)
 
 

@@ -16,7 +16,6 @@ Metrics (neutral steps, label 0, ignored):
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,12 +41,12 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
     ``process_correctness``, ``data_source``, optional ``image`` (str or list) and ``id``.
     The first bad line raises with its line and field; ``flag`` is named when the file
     is missing."""
-    from ..data.records import read_objects
+    from ..data.records import read_objects, short_repr
 
     items, path = [], Path(path)
     for i, (where, r) in enumerate(read_objects(path, ("question",), "a VisualProcessBench item (question, response, data_source)", flag), 1):
         if not isinstance(r["question"], str):
-            raise BetaPRMInputError(f"{where}: field 'question' must be a string, got {type(r['question']).__name__}")
+            raise BetaPRMInputError(f"{where}: field 'question' must be a string, got {short_repr(r['question'])}")
         resp = r.get("response")
         if not isinstance(resp, dict):
             raise BetaPRMInputError(f"{where}: field 'response' must be an object with 'steps' and 'process_correctness'")
@@ -59,15 +58,15 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
             raise BetaPRMInputError(f"{where}: field 'response.process_correctness' must have one label per step ({len(steps)} steps, got {n})")
         bad = [j for j, lab in enumerate(labels) if isinstance(lab, bool) or not isinstance(lab, int) or lab not in (1, 0, -1)]
         if bad:
-            seen = json.dumps([labels[j] for j in bad][:5])[:80]
+            seen = short_repr([labels[j] for j in bad][:5], 80)
             raise BetaPRMInputError(f"{where}: field 'response.process_correctness' holds {seen} (first at step {bad[0] + 1}); allowed: 1 (correct), 0 (neutral), -1 (incorrect)")
         image = r.get("image", r.get("images"))
         images = [] if image in (None, "", []) else [image] if isinstance(image, str) else image
         if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
-            raise BetaPRMInputError(f"{where}: field 'image' must be an image path or a list of paths, got {str(image)[:60]}")
+            raise BetaPRMInputError(f"{where}: field 'image' must be an image path or a list of paths, got {short_repr(image)}")
         for key in ("id", "data_source"):
             if key in r and (isinstance(r[key], (bool, dict, list)) or r[key] is None):
-                raise BetaPRMInputError(f"{where}: field {key!r} must be a string, got {str(r[key])[:40]}")
+                raise BetaPRMInputError(f"{where}: field {key!r} must be a string, got {short_repr(r[key])}")
         images = [str(p if Path(p).is_absolute() else path.parent / p) for p in images]
         items.append(BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images))
     return items

@@ -20,9 +20,10 @@ class BackendOptions:
     policy: str = _f("", "transformers/vllm: the policy model directory or hub id; openai: the served model name")
     base_url: str = _f("http://127.0.0.1:8000/v1", "openai: the server's base URL")
     endpoint: str = _f("chat", "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with a rendered prompt)")
-    api_key_env: str = _f("OPENAI_API_KEY", "openai: environment variable holding the API key (unset: no key sent)")
+    api_key_env: str | None = _f(None, "openai: the NAME of an environment variable holding the API key, sent as 'Authorization: Bearer' "
+                                       "(e.g. --api-key-env OPENAI_API_KEY); without it no key is sent")
     concurrency: int = _f(16, "openai: requests in flight at once")
-    request_timeout: float = _f(120.0, "openai: seconds to wait for one answer")
+    request_timeout: float = _f(120.0, "openai: seconds one call may take in all (connecting, sending and reading the whole answer)")
     max_retries: int = _f(4, "openai: retries after a failed or timed-out call (exponential backoff)")
     gen_batch_size: int = _f(8, "transformers: sequences per generate call")
     split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
@@ -42,7 +43,32 @@ class BackendOptions:
             bad.append(f"--backend {self.backend} needs --policy (the model to generate with)")
         if self.endpoint not in ("chat", "completions"):
             bad.append(f"--endpoint must be chat or completions, got {self.endpoint!r}")
+        if self.api_key_env and self.backend != "openai":
+            bad.append(f"--api-key-env is for --backend openai (the only backend that talks HTTP), got --backend {self.backend}")
+        elif self.api_key_env:
+            bad += api_key_problems(self.api_key_env)
         return bad
+
+
+def api_key_problems(env_name: str | None, flag: str = "--api-key-env") -> list[str]:
+    """What is wrong with ``flag env_name`` (nothing when no name is given)."""
+    if env_name and not os.environ.get(env_name, "").strip():
+        return [f"{flag} {env_name}: the environment variable {env_name} is unset or empty; "
+                f"set it to the API key (export {env_name}=...) or leave out {flag} to send no key"]
+    return []
+
+
+def read_api_key(env_name: str | None, flag: str = "--api-key-env") -> str | None:
+    """The API key held in environment variable ``env_name``; None when no name is given.
+    A key is only ever read from a variable the user named: nothing is sent implicitly."""
+    from ..errors import BetaPRMInputError
+
+    if not env_name:
+        return None
+    bad = api_key_problems(env_name, flag)
+    if bad:
+        raise BetaPRMInputError(bad[0])
+    return os.environ[env_name].strip()
 
 
 def build_generator(opts: BackendOptions, world=None, count_tokens=None, seed: int = 0):
@@ -61,7 +87,7 @@ def build_generator(opts: BackendOptions, world=None, count_tokens=None, seed: i
     if opts.backend == "openai":
         from .openai import OpenAIGenerator
 
-        return OpenAIGenerator(opts.base_url, opts.policy, fmt, sampling, endpoint=opts.endpoint, api_key=os.environ.get(opts.api_key_env) or None,
+        return OpenAIGenerator(opts.base_url, opts.policy, fmt, sampling, endpoint=opts.endpoint, api_key=read_api_key(opts.api_key_env),
                                concurrency=opts.concurrency, timeout=opts.request_timeout, max_retries=opts.max_retries)
     from .vllm import VLLMGenerator
 

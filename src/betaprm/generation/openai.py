@@ -1,31 +1,100 @@
 """A client for OpenAI-compatible servers (vLLM ``serve``, SGLang, TGI, llama.cpp).
 
-Standard library only (``urllib`` and a thread pool): one HTTP call per completion, so
-every completion gets its exact generated-token count from ``usage.completion_tokens``
+Standard library only (``http.client`` and a thread pool): one HTTP call per completion,
+so every completion gets its exact generated-token count from ``usage.completion_tokens``
 (the server's prefix cache makes the repeated prompt cheap). Calls run with bounded
 concurrency; connection failures, timeouts, 429 and 5xx answers are retried with
 exponential backoff; anything else fails at once with the server's own message.
+
+Each call is bounded as a whole: ``timeout`` covers connecting, sending and every read
+(a server that drips a byte at a time cannot stretch it), and an answer larger than
+``max_response_bytes`` is refused. Redirects are never followed: the request, and the
+API key with it, would go to an address nobody gave.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import BetaPRMInputError
 from .base import Completion, GenerationError, GenerationRequest
 from .text import Sampling, TextFormat
+
+MAX_RESPONSE_BYTES = 16 * 2**20
+"""Default cap on one answer: a completion is text, far below this."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _http_post(url: str, data: bytes, headers: dict, timeout: float, max_bytes: int) -> tuple[int, str | None, bytes]:
+    """POST ``data`` to ``url``: (status, Location header, body). The whole call ends
+    within ``timeout`` seconds (TimeoutError past it); a body over ``max_bytes`` raises
+    ``_TooLarge``; a 3xx answer comes back without its body."""
+    u = urllib.parse.urlsplit(url)
+    path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    https = u.scheme == "https"
+    conn = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(u.hostname, u.port or (443 if https else 80), timeout=timeout)
+    expired = threading.Event()
+
+    def expire():
+        # Socket timeouts bound each read only; shutting the socket down at the deadline
+        # ends whatever read or write is blocked on it.
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        if expired.is_set():  # the deadline passed while connecting, before the socket existed
+            raise TimeoutError
+        conn.request("POST", path, body=data, headers=headers)
+        resp = conn.getresponse()
+        if 300 <= resp.status < 400:
+            return resp.status, resp.getheader("Location"), b""
+        length = resp.getheader("Content-Length")
+        if length and length.strip().isdigit() and int(length) > max_bytes:
+            raise _TooLarge
+        body = bytearray()
+        while chunk := resp.read1(65536):
+            body += chunk
+            if len(body) > max_bytes:
+                raise _TooLarge
+    except (OSError, http.client.HTTPException):
+        if expired.is_set():  # cut off by the deadline, not a network failure
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():  # the deadline's shutdown reads as an early end of the answer
+        raise TimeoutError
+    return resp.status, None, bytes(body)
 
 
 class OpenAIGenerator:
     """``endpoint="chat"`` posts ``/chat/completions`` messages; prefilled continuation
     uses the ``continue_final_message`` extension of vLLM and SGLang. ``endpoint=
     "completions"`` posts a plain prompt to ``/completions`` (rendered with
-    ``tokenizer``'s chat template when given): any server, prefill included."""
+    ``tokenizer``'s chat template when given): any server, prefill included.
+
+    ``api_key`` is sent as ``Authorization: Bearer`` when given, never otherwise.
+    ``url_flag`` names the option the base URL came from, for error messages."""
 
     def __init__(
         self,
@@ -40,9 +109,14 @@ class OpenAIGenerator:
         max_retries: int = 4,
         backoff: float = 1.0,
         tokenizer=None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        url_flag: str = "--base-url",
     ):
         if endpoint not in ("chat", "completions"):
             raise ValueError(f"endpoint must be chat or completions, got {endpoint!r}")
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise BetaPRMInputError(f"{url_flag} {base_url!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.fmt = fmt or TextFormat()
@@ -54,6 +128,8 @@ class OpenAIGenerator:
         self.max_retries = max_retries
         self.backoff = backoff
         self.tokenizer = tokenizer
+        self.max_response_bytes = max_response_bytes
+        self.url_flag = url_flag
 
     # ------------------------------------------------------------------ one call
     def _body(self, req: GenerationRequest, copy: int) -> tuple[str, dict]:
@@ -84,26 +160,29 @@ class OpenAIGenerator:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=self.timeout) as r:
-                    raw = r.read()
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:300].decode(errors="replace")
-                if e.code == 429 or e.code >= 500:
-                    last = f"HTTP {e.code}: {detail}"
-                    continue
-                raise GenerationError(f"{url} refused the request with HTTP {e.code}: {detail} (check --model-name and the sampling settings)") from None
+                status, location, raw = _http_post(url, data, headers, self.timeout, self.max_response_bytes)
             except TimeoutError:
                 last = f"no answer within {self.timeout:g} s"
                 continue
-            except urllib.error.URLError as e:
-                if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                    last = f"no answer within {self.timeout:g} s"
-                else:
-                    last = f"cannot connect ({e.reason})"
+            except _TooLarge:
+                raise GenerationError(f"{url} sent an answer larger than {self.max_response_bytes} bytes; a completion is far smaller, so this is not the server you meant") from None
+            except (ConnectionRefusedError, socket.gaierror) as e:
+                last = f"cannot connect ({e})"
                 continue
-            except (ConnectionError, OSError) as e:
-                last = f"connection failed ({e})"
+            except (OSError, http.client.HTTPException) as e:
+                last = f"connection failed ({e!r})"
                 continue
+            if 300 <= status < 400:
+                raise BetaPRMInputError(
+                    f"{url} answered HTTP {status}, a redirect to {location!r}; redirects are not followed (the request and any API key would go "
+                    f"to another address): give the address you mean to reach as {self.url_flag}"
+                )
+            detail = raw[:300].decode(errors="replace")
+            if status == 429 or status >= 500:
+                last = f"HTTP {status}: {detail}"
+                continue
+            if status >= 400:
+                raise GenerationError(f"{url} refused the request with HTTP {status}: {detail} (check the served model name and the sampling settings)")
             try:
                 return json.loads(raw)
             except ValueError:

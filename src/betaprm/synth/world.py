@@ -17,11 +17,10 @@ belief anyone could form from what a PRM sees a forward filter over ``(d, z)``.
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +28,29 @@ from ..errors import BetaPRMInputError
 
 LEVELS = ("easy", "hard")
 OPS = ("+", "*", "?")
+
+
+MAX_MODULUS = 1_000  # the exact filters hold (M, M) tables
+MAX_OPS = 1_000
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_prob(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
+
+
+def _prob_table(d) -> bool:
+    """A dict with exactly the ops as keys and probabilities as values."""
+    return isinstance(d, dict) and set(d) == set(OPS) and all(_is_prob(x) for x in d.values())
+
+
+def _show(x) -> str:
+    from ..data.records import short_repr
+
+    return short_repr(x, 80)
 
 
 @dataclass
@@ -48,21 +70,22 @@ class WorldConfig:
 
     def __post_init__(self):
         p = []
-        if not (isinstance(self.modulus, int) and self.modulus >= 4):
-            p.append(f"modulus must be an integer >= 4, got {self.modulus!r}")
-        if not (isinstance(self.min_ops, int) and isinstance(self.max_ops, int) and 1 <= self.min_ops <= self.max_ops):
-            p.append(f"need 1 <= min_ops <= max_ops, got {self.min_ops!r}, {self.max_ops!r}")
-        if set(self.op_probs) != set(OPS) or abs(sum(self.op_probs.values()) - 1) > 1e-9 or min(self.op_probs.values()) < 0:
-            p.append(f"op_probs must give probabilities summing to 1 for exactly {list(OPS)}, got {self.op_probs!r}")
-        if set(self.error_rates) != set(LEVELS) or any(set(v) != set(OPS) or not all(0 <= x < 1 for x in v.values()) for v in self.error_rates.values()):
-            p.append(f"error_rates must map easy and hard to a rate in [0, 1) for each of {list(OPS)}, got {self.error_rates!r}")
+        if not (_is_int(self.modulus) and 4 <= self.modulus <= MAX_MODULUS):
+            p.append(f"modulus must be an integer in [4, {MAX_MODULUS}], got {_show(self.modulus)}")
+        if not (_is_int(self.min_ops) and _is_int(self.max_ops) and 1 <= self.min_ops <= self.max_ops <= MAX_OPS):
+            p.append(f"need 1 <= min_ops <= max_ops <= {MAX_OPS} (integers), got {_show(self.min_ops)}, {_show(self.max_ops)}")
+        if not (_prob_table(self.op_probs) and abs(sum(self.op_probs.values()) - 1) <= 1e-9):
+            p.append(f"op_probs must be an object giving probabilities summing to 1 for exactly {list(OPS)}, got {_show(self.op_probs)}")
+        if not (isinstance(self.error_rates, dict) and set(self.error_rates) == set(LEVELS)
+                and all(_prob_table(v) and all(x < 1 for x in v.values()) for v in self.error_rates.values())):
+            p.append(f"error_rates must map easy and hard to a rate in [0, 1) for each of {list(OPS)}, got {_show(self.error_rates)}")
         for name in ("near_miss", "p_hard", "p_visible"):
-            if not 0 <= getattr(self, name) <= 1:
-                p.append(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if not (isinstance(self.mc_n, int) and self.mc_n >= 1):
-            p.append(f"mc_n must be an integer >= 1, got {self.mc_n!r}")
+            if not _is_prob(getattr(self, name)):
+                p.append(f"{name} must be a number in [0, 1], got {_show(getattr(self, name))}")
+        if not (_is_int(self.mc_n) and 1 <= self.mc_n <= 2**24):
+            p.append(f"mc_n must be an integer in [1, 2**24], got {_show(self.mc_n)}")
         if not (isinstance(self.connectives, list) and self.connectives and all(isinstance(c, str) and c.strip() and not re.search(r"\d", c) for c in self.connectives)):
-            p.append(f"connectives must be a non-empty list of words without digits, got {self.connectives!r}")
+            p.append(f"connectives must be a non-empty list of words without digits, got {_show(self.connectives)}")
         if p:
             raise BetaPRMInputError("bad world config: " + "; ".join(p))
 
@@ -73,18 +96,16 @@ class WorldConfig:
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
             raise BetaPRMInputError(f"{source}: unknown keys {unknown}; allowed: {sorted(cls.__dataclass_fields__)}")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except BetaPRMInputError as e:
+            raise BetaPRMInputError(f"{source}: {e}") from None
 
     @classmethod
     def from_json(cls, path) -> "WorldConfig":
-        p = Path(path)
-        if not p.is_file():
-            raise BetaPRMInputError(f"--world-config {path}: no such file")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise BetaPRMInputError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(data, str(path))
+        from ..data.records import load_json_file
+
+        return cls.from_dict(load_json_file(path, "--world-config", "a JSON object of world settings"), str(path))
 
     def to_dict(self) -> dict:
         return asdict(self)
