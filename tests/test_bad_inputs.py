@@ -309,13 +309,14 @@ def test_counts_above_float32_exact_range(tmp_path, capsys):
     ({"mu": [0.5], "kappa": [2.0, 2.0], "sigma": [0.1, 0.1]}, "mu"),
     ({"mu": [0.5, 0.5], "kappa": [0.0, 2.0], "sigma": [0.1, 0.1]}, "kappa[0]"),
     ({"mu": [0.5, 0.5], "kappa": [2.0, 2.0], "sigma": [-1, 0.1]}, "sigma[0]"),
-    ({"mu": [0.5, 0.5], "kappa": [2.0, 2.0]}, "sigma"),
+    ({"mu": [0.5, 0.5], "sigma": [0.1, 0.1]}, "kappa"),
     ({"mu": "0.5", "kappa": [2.0, 2.0], "sigma": [0.1, 0.1]}, "mu"),
 ])
 def test_pool_scores_are_validated(tmp_path, capsys, cand, field):
     """Fails before this change: eval-bon trusted mu = 7.0, kappa = 0, sigma < 0 or a
-    missing sigma and printed accuracies (exit 0); the wrong number of scores or a string
-    gave a traceback ValueError."""
+    missing kappa (taken as 1.0) and printed accuracies (exit 0); the wrong number of
+    scores or a string gave a traceback ValueError. (sigma alone may be left out: it
+    follows from mu and kappa.)"""
     pool = {**POOL, "candidates": [{"steps": ["2+2=4", "answer \\boxed{4}"], **cand}]}
     path = write_lines(tmp_path / "pool.jsonl", [pool])
     fails(["eval-bon", "--pools", path], capsys, f"{path}:1", f"candidates[0].{field}")

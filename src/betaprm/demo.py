@@ -247,7 +247,8 @@ def _train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
                      learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
                      logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
                      seed=seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
-                     kappa_detach=eff.kappa_detach and objective == "beta-binomial", group_by_length=eff.group_by_length)
+                     kappa_detach=eff.kappa_detach and objective == "beta-binomial", group_by_length=eff.group_by_length,
+                     overwrite_output_dir=True)  # the demo rewrites everything under --out
     prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True, callbacks=callbacks)
     last = [h for h in trainer.state.log_history if "loss" in h][-1]
     log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")

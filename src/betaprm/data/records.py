@@ -180,18 +180,19 @@ def _check_counts(obj, line, n_steps, problems):
 
 
 def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
-    """A scored candidate carries mu, kappa and sigma together: one finite number per
-    step each, mu in [0, 1], kappa > 0, sigma >= 0."""
+    """A scored candidate carries mu and kappa together, and sigma or not (it is then
+    derived from them): one finite number per step each, mu in [0, 1], kappa > 0,
+    sigma >= 0."""
     present = [k for k in SCORE_FIELDS if k in cand]
     if not present:
         return
-    if len(present) < len(SCORE_FIELDS):
-        missing = [k for k in SCORE_FIELDS if k not in cand]
-        problems.append(Problem(line, prefix + missing[0], f"is missing while {', '.join(present)} is given", "give mu, kappa and sigma together (rescore with betaprm score), or none of them"))
+    missing = [k for k in ("mu", "kappa") if k not in cand]
+    if missing:
+        problems.append(Problem(line, prefix + missing[0], f"is missing while {', '.join(present)} is given", "give mu and kappa (and sigma) together: rescore with betaprm score, or give none of them"))
         return
     n_steps = len(steps) if isinstance(steps, list) else None
     allowed = {"mu": (lambda x: 0 <= x <= 1, "in [0, 1]"), "kappa": (lambda x: x > 0, "> 0"), "sigma": (lambda x: x >= 0, ">= 0")}
-    for key in SCORE_FIELDS:
+    for key in present:
         vals, (ok, rule) = cand[key], allowed[key]
         if not isinstance(vals, list):
             problems.append(Problem(line, prefix + key, f"must be a list with one number per step, got {short_repr(vals)}", "rescore the pool with betaprm score"))
