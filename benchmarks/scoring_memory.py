@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -124,7 +123,7 @@ def main(argv=None):
         print(f"running {mode} ...", file=sys.stderr, flush=True)
         results.append(run_mode(mode, args, os.path.join(tmp, f"{mode}.npy")))
     ref = os.path.join(tmp, "tokens.npy")
-    print(f"| mode | load RSS GB | peak RSS GB | traces/s | max abs mu diff vs tokens |")
+    print("| mode | load RSS GB | peak RSS GB | traces/s | max abs mu diff vs tokens |")
     print("|---|---|---|---|---|")
     for r in results:
         if "stopped" in r:

@@ -227,9 +227,7 @@ def _completed_ids(path) -> set[str]:
             continue
         try:
             ids.add(str(json.loads(line)["id"]))
-        except (ValueError, KeyError, TypeError):
-            from .errors import BetaPRMInputError
-
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise BetaPRMInputError(f"{path}:{i}: existing output line is not a scored record; move the file away or fix it") from None
     return ids
 
@@ -260,7 +258,7 @@ def score_pool_file(prm, input_path, output_path, batch_size: int | None = None,
     from .data.records import read_records
     from .provenance import json_line
 
-    loaded = read_records(input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects)
+    loaded = read_records(input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects, flag="--input")
     done = _completed_ids(output_path)
     todo = [r for r in loaded.records if str(r["id"]) not in done]
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)

@@ -509,7 +509,7 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rejects = cfg.rejects or str(out_dir / "rejects.jsonl")
-    loaded = read_records(cfg.data, kind="counts", marker=cfg.marker, on_error=cfg.on_error, rejects=rejects if rank == 0 else None)
+    loaded = read_records(cfg.data, kind="counts", marker=cfg.marker, on_error=cfg.on_error, rejects=rejects if rank == 0 else None, flag="--data")
     say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
     if not loaded.records:
         raise BetaPRMInputError(f"{cfg.data}: no usable records")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from ..generation.factory import BackendOptions
@@ -117,7 +116,7 @@ def read_problems(path: str) -> list:
 # how many problems): left out of the settings a resumed --out must match. The model
 # and the world's settings file enter as fingerprints of their contents.
 NOT_RESULTS = {"model", "policy", "out", "problems", "n_problems", "world_config", "batch_size", "max_batch_tokens", "device", "plots", "baseline",
-               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size"}
+               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size", "gen_max_batch_tokens"}
 
 
 def result_settings(cfg) -> dict:
@@ -207,7 +206,9 @@ def _plot(cfg, records, s, final_lam, final_tau):
 
     curve = {}
     if cfg.baseline:
-        base = [json.loads(line) for line in open(cfg.baseline, encoding="utf-8") if line.strip()]
+        from ..data.records import read_objects
+
+        base = [r for _, r in read_objects(cfg.baseline, ("id",), "an ACA record of a --variant best-of-n run", "--baseline")]
         method = cfg.final if final_tau is not None or cfg.final != "rb" else "lin"
         xs, ys = [], []
         for n in range(1, min(len(r["candidates"]) for r in base) + 1):

@@ -35,8 +35,8 @@ def run(args):
     from ..data.convert import ConvertOptions, convert_file
     from ..errors import BetaPRMInputError
 
-    if args.soft_n is not None and args.soft_n < 1:
-        raise BetaPRMInputError(f"--soft-n must be >= 1, got {args.soft_n}")
+    if args.soft_n is not None and not 1 <= args.soft_n <= 2**24:
+        raise BetaPRMInputError(f"--soft-n must be in [1, 16777216] (counts are exact in float32 up to 2**24), got {args.soft_n}")
     opts = ConvertOptions(
         source_name=args.source_name or Path(args.input).stem,
         image_root=args.image_root,

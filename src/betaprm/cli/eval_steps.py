@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,12 +58,20 @@ def add_arguments(parser):
 def load_prm(path: str, device: str, trust_remote_code: bool = False):
     """(prm, kind): kind is ``beta`` (trained with beta-binomial), ``standard`` (another
     objective) or ``zero-shot`` (a plain causal LM wrapped on the fly)."""
+    from ..errors import BetaPRMInputError
     from ..model import CONFIG_NAME, BetaPRM
 
     if (Path(path) / CONFIG_NAME).is_file():
         prm = BetaPRM.from_pretrained(path, device=device, trust_remote_code=trust_remote_code)
         summary = Path(path) / "train_summary.json"
-        objective = json.loads(summary.read_text()).get("config", {}).get("objective") if summary.is_file() else "beta-binomial"
+        objective = "beta-binomial"
+        if summary.is_file():
+            from ..data.records import load_json_file
+
+            data = load_json_file(summary, what="a training summary")
+            objective = data.get("config", {}).get("objective") if isinstance(data, dict) and isinstance(data.get("config"), dict) else None
+            if objective is None:
+                raise BetaPRMInputError(f"{summary}: no config.objective in this training summary; restore the file written by betaprm train")
         return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
     prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)
     return prm.to(device).eval(), "zero-shot"

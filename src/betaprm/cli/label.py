@@ -104,7 +104,7 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
 # how requests are grouped): left out of the settings a resumed --out must match. The
 # policy and the world's settings file enter as fingerprints of their contents.
 NOT_RESULTS = {"input", "out", "failed", "chunk", "n_problems", "policy", "world_config",
-               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size"}
+               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size", "gen_max_batch_tokens"}
 
 
 def result_settings(cfg) -> dict:

@@ -3,12 +3,17 @@
 A *counts* record (training data) has ``id``, ``question``, ``steps``, ``mc_correct``
 (K per step), ``mc_total`` (N per step, or one N for all), and optionally ``images``,
 ``answer``, ``source`` and ``soft``. A *pool* record (Best-of-N / scoring input) has
-``id``, ``question``, ``candidates`` (a list of ``{"steps": [...]}``) and optionally
-``answer``, ``images``, ``source``.
+``id``, ``question``, ``candidates`` (a list of ``{"steps": [...]}``, scored ones with
+``mu``, ``kappa`` and optionally ``sigma`` per step) and optionally ``answer``,
+``images``, ``source``. Counts are at most 2**24 (exact in float32).
 
 Every problem is reported with file, line, field and a fix. With ``on_error="fail"``
 loading stops with all problems listed (exit status 2 from the CLI); with ``"skip"``
-bad records are left out, written to a rejects file with their reasons, and counted.
+bad records are left out, written to a rejects file with their reasons and raw text,
+and counted. Files are read once, as bytes: a line that is not UTF-8, not JSON, holds
+NaN/Infinity, a number too long to read or nesting too deep is a problem of that line,
+never an exception. Every JSONL reader (``read_records``, ``read_objects``, the
+converters) goes through ``iter_jsonl``; whole JSON files through ``load_json_file``.
 """
 
 from __future__ import annotations
@@ -191,6 +196,14 @@ def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
         problems.append(Problem(line, prefix + missing[0], f"is missing while {', '.join(present)} is given", "give mu and kappa (and sigma) together: rescore with betaprm score, or give none of them"))
         return
     n_steps = len(steps) if isinstance(steps, list) else None
+    if "steps_scored" in cand:
+        # Written by `betaprm score --truncate steps`: the scores cover the first
+        # steps_scored steps, those that fit the model's positions.
+        k = cand["steps_scored"]
+        if not _is_int(k) or n_steps is None or not 1 <= k <= n_steps:
+            problems.append(Problem(line, prefix + "steps_scored", f"must be an integer from 1 to the number of steps ({n_steps}), got {short_repr(k)}", "rescore the pool with betaprm score"))
+            return
+        n_steps = k
     allowed = {"mu": (lambda x: 0 <= x <= 1, "in [0, 1]"), "kappa": (lambda x: x > 0, "> 0"), "sigma": (lambda x: x >= 0, ">= 0")}
     for key in present:
         vals, (ok, rule) = cand[key], allowed[key]
@@ -224,7 +237,7 @@ def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>",
     elif marker in question:
         problems.append(Problem(line, "question", f"contains the marker text {marker!r}", f"remove {marker!r} from the question"))
     for opt in ("answer", "source"):
-        if obj.get(opt) is not None and not isinstance(obj[opt], (str, int, float)):
+        if obj.get(opt) is not None and not (isinstance(obj[opt], str) or _is_number(obj[opt])):
             problems.append(Problem(line, opt, f"must be a string, got {short_repr(obj[opt])}", f"write {opt} as a string"))
     images = _check_images(obj, line, base_dir, problems, must_exist=check_images)
     if kind == "counts":

@@ -26,6 +26,7 @@ class BackendOptions:
     request_timeout: float = _f(120.0, "openai: seconds one call may take in all (connecting, sending and reading the whole answer)")
     max_retries: int = _f(4, "openai: retries after a failed or timed-out call (exponential backoff)")
     gen_batch_size: int = _f(8, "transformers: sequences per generate call")
+    gen_max_batch_tokens: int = _f(16384, "transformers: tokens per generate call at most (sequences x (longest prompt + --max-new-tokens)); long prompts make smaller batches instead of running out of memory")
     split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps")
     continuation: str = _f("prefill", "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)")
@@ -41,6 +42,8 @@ class BackendOptions:
             bad.append(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         elif self.backend != "synth" and not self.policy:
             bad.append(f"--backend {self.backend} needs --policy (the model to generate with)")
+        if self.gen_batch_size < 1 or self.gen_max_batch_tokens < 1:
+            bad.append(f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and {self.gen_max_batch_tokens}")
         if self.endpoint not in ("chat", "completions"):
             bad.append(f"--endpoint must be chat or completions, got {self.endpoint!r}")
         if self.api_key_env and self.backend != "openai":
@@ -83,7 +86,7 @@ def build_generator(opts: BackendOptions, world=None, count_tokens=None, seed: i
     if opts.backend == "transformers":
         from .hf import TransformersGenerator
 
-        return TransformersGenerator.from_pretrained(opts.policy, fmt, sampling, batch_size=opts.gen_batch_size, seed=seed)
+        return TransformersGenerator.from_pretrained(opts.policy, fmt, sampling, batch_size=opts.gen_batch_size, seed=seed, max_batch_tokens=opts.gen_max_batch_tokens)
     if opts.backend == "openai":
         from .openai import OpenAIGenerator
 
