@@ -115,3 +115,26 @@ def test_unscored_pools_need_a_model(tmp_path, capsys):
     p.write_text(json.dumps(rec) + "\n")
     assert main(["eval-bon", "--pools", str(p)]) == 2
     assert "give --model to score them" in capsys.readouterr().err
+
+
+def test_bad_pool_scores_stop_or_are_skipped_and_counted(tmp_path, capsys):
+    """Fails before this change: a NaN, 7.0 or a wrong number of scores were taken as
+    they were (every top-1 selector picked the NaN candidate)."""
+    a = _write(tmp_path / "bench.jsonl", 40)
+    lines = a.read_text().splitlines()
+    for j, (field, value) in enumerate([("mu", [float("nan"), 0.4]), ("mu", [7.0, 0.4]), ("kappa", [4])]):
+        rec = json.loads(lines[j])
+        rec["candidates"][0][field] = value
+        lines[j] = json.dumps(rec)  # json.dumps writes NaN, as a careless writer would
+    a.write_text("\n".join(lines) + "\n")
+    assert main(["eval-bon", "--pools", str(a)]) == 2
+    err = capsys.readouterr().err
+    assert "bench.jsonl:1: field '(line)': not valid JSON (NaN" in err
+    assert "bench.jsonl:2: field 'candidates[0].mu[0]': must be a finite number in [0, 1], got 7.0" in err
+    assert "bench.jsonl:3: field 'candidates[0].kappa': has 1 values for 2 steps" in err
+    out = tmp_path / "r.json"
+    assert main(["eval-bon", "--pools", str(a), "--on-error", "skip", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())["benchmarks"]["bench"]
+    assert r["pool_records_rejected"] == 3 and r["n_test"] + r["n_val"] == 37
+    rejects = [json.loads(x) for x in open(tmp_path / "bench.rejects.jsonl")]
+    assert [x["line"] for x in rejects] == [1, 2, 3] and "NaN" in rejects[0]["raw"]

@@ -38,6 +38,7 @@ class EvalBonConfig(ScoringOptions):
     api_key_env: str | None = _f(None, "with --judge-url: the NAME of an environment variable holding the judge's API key, sent as "
                                        "'Authorization: Bearer' (e.g. --api-key-env OPENAI_API_KEY); without it no key is sent")
     check_timeout: float = _f(10.0, "math-verify: seconds per check before it counts as failed")
+    on_error: str = _f("fail", "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to POOLS.rejects.jsonl and count it in the results)")
 
     def __post_init__(self):
         from ..errors import BetaPRMInputError
@@ -49,6 +50,8 @@ class EvalBonConfig(ScoringOptions):
         if not 0 < self.val_fraction < 1:
             bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
         bad += self.scoring_problems()
+        if self.on_error not in ("fail", "skip"):
+            bad.append(f"--on-error must be fail or skip, got {self.on_error!r}")
         if self.judge_url and not self.judge_model:
             bad.append("--judge-url needs --judge-model")
         if self.api_key_env and not self.judge_url:
@@ -94,9 +97,12 @@ def run(args):
     results, curves = {}, {}
     for path in [p.strip() for p in cfg.pools.split(",") if p.strip()]:
         name = Path(path).stem
-        records = read_records(path, kind="pool", flag="--pools").records
+        loaded = read_records(path, kind="pool", flag="--pools", on_error=cfg.on_error, rejects=str(Path(path).with_suffix("")) + ".rejects.jsonl")
+        records = loaded.records
+        if loaded.n_rejected:
+            print(f"{path}: {loaded.n_rejected} bad pool records left out (see {Path(path).with_suffix('')}.rejects.jsonl)")
         if not records:
-            raise BetaPRMInputError(f"--pools {path}: holds no pool records; fix: give a JSONL file with one pool (id, question, answer, candidates) per line")
+            raise BetaPRMInputError(f"--pools {path}: holds no usable pool records; fix: give a JSONL file with one pool (id, question, answer, candidates) per line")
         for r in records:
             if r.get("answer") is None:
                 raise BetaPRMInputError(f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer")
@@ -109,6 +115,7 @@ def run(args):
         pools = check_pools(records, final_answer, checker.check_many)
         res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
         res["answer_checks_failed"] = checker.failed - before
+        res["pool_records_rejected"] = loaded.n_rejected
         results[name] = res
         if cfg.plots:
             curves[name] = _curve(pools, res, cfg)
