@@ -113,3 +113,24 @@ def test_steps_cut_off_by_the_model_are_counted_not_scored():
     r = evaluate_steps(items, scores, 0.3)
     assert r["n_unscored_steps"] == len(items)  # the -1 step of every item; neutral ones not counted
     assert r["n_steps"] + r["n_val_steps"] == len(items)
+
+
+def test_truncated_traces_with_plots(tmp_path, capsys):
+    """--truncate steps with --plots: the plots use the scored steps' labels only (before
+    the fix the label and score arrays differed in length: IndexError)."""
+    from betaprm import BetaPRM
+    from betaprm.tiny import tiny_causal_lm
+    from tests.helpers import make_lm_dir
+
+    lm = make_lm_dir(tmp_path / "lm")
+    prm = BetaPRM.from_backbone(str(lm))
+    short = tiny_causal_lm(len(prm.tokenizer), hidden_size=32, num_layers=2, max_position_embeddings=24)
+    short.save_pretrained(tmp_path / "short")
+    prm.tokenizer.save_pretrained(tmp_path / "short")
+    data = tmp_path / "vpb.jsonl"
+    _write_bench(data)
+    out = tmp_path / "r.json"
+    assert main(["eval-steps", "--model", str(tmp_path / "short"), "--data", str(data), "--out", str(out), "--truncate", "steps",
+                 "--plots", str(tmp_path / "plots")]) == 0, capsys.readouterr().err
+    r = json.loads(out.read_text())
+    assert r["n_unscored_steps"] > 0 and (tmp_path / "plots" / "reliability.png").stat().st_size > 0

@@ -243,3 +243,20 @@ def test_a_base_url_that_is_not_http_is_an_input_error():
     for url in ("file:///etc/passwd", "127.0.0.1:8000/v1"):
         with pytest.raises(BetaPRMInputError, match="not an http:// or https:// URL"):
             _client(url)
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--request-timeout", "nan", "--request-timeout must be a number of seconds > 0"),
+    ("--request-timeout", "-5", "--request-timeout must be a number of seconds > 0"),
+    ("--check-timeout", "nan", "--check-timeout must be a number of seconds > 0"),
+    ("--base-url", "http://127.0.0.1:80000/v1", "has a bad port"),
+])
+def test_bad_http_and_check_options_exit_2(tmp_path, capsys, flag, value, expected):
+    """Before: socket.settimeout(nan) and a port over 65535 raised ValueError tracebacks,
+    and --check-timeout nan never killed a hung check."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "question": "q", "answer": "7", "steps": ["The answer is 7"]}) + "\n")
+    argv = ["label", "--backend", "openai", "--policy", "m", "--input", str(src), "--out", str(tmp_path / "o.jsonl"), flag, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err

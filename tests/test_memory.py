@@ -155,18 +155,28 @@ def test_over_long_trace_is_an_error_or_cut_to_whole_steps(long_prm):
 
 
 def test_score_token_ids_keeps_no_graph(long_prm):
+    """Fails before this change: the forward ran with autograd on, keeping every layer's
+    activations until the batch was done (12.6 GB for SmolLM2-135M at batch size 1)."""
+    import torch
+
     prm = BetaPRM.from_pretrained(long_prm)
     prm.train()
+    seen = []
+    hook = prm._decoder().register_forward_hook(lambda mod, args, out: seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled())))
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [("q", ["a b", "c"])], prm.config.trace_format)
-    s = score_token_ids(prm, ids)
+    with torch.enable_grad():
+        s = score_token_ids(prm, ids)
+    hook.remove()
+    assert seen == [(False, True)]  # no graph, inference mode
     assert prm.training and len(s[0]) == 2 and np.isfinite(s[0].mu).all()
 
 
 def test_score_cli_over_long_candidates(long_prm, tmp_path, capsys):
     """``betaprm score``: a candidate over the model's positions is exit 2 naming its
     record (default), or scored on the steps that fit with ``steps_scored`` under
-    ``--truncate steps``; the output then validates as a scored pool. Fails before this
-    change: the 7,516-token trace on a 1,024-position model was scored silently."""
+    ``--truncate steps``, continuing the same output; it then validates as a scored pool.
+    Fails before this change: an over-long trace was scored silently (positions past the
+    model's table), with no flag to choose."""
     from betaprm.cli import main
 
     prm = BetaPRM.from_pretrained(long_prm)
@@ -179,9 +189,14 @@ def test_score_cli_over_long_candidates(long_prm, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"record 'p{long_id}' candidate 0: " in err and "more than the model's 2048 positions" in err
     assert not out.exists() or out.read_text() == ""
-    assert main(["score", "--model", str(long_prm), "--input", str(pools), "--output", str(tmp_path / "cut.jsonl"), "--truncate", "steps"]) == 0
-    recs = {r["id"]: r["candidates"][0] for r in map(json.loads, open(tmp_path / "cut.jsonl"))}
+    assert main(["score", "--model", str(long_prm), "--input", str(pools), "--output", str(out), "--truncate", "steps"]) == 0
+    recs = {r["id"]: r["candidates"][0] for r in map(json.loads, open(out))}
     cut = recs[f"p{long_id}"]
     assert 1 <= cut["steps_scored"] == len(cut["mu"]) < len(cut["steps"])
     assert "steps_scored" not in recs[f"p{1 - long_id}"]
-    assert main(["validate", str(tmp_path / "cut.jsonl"), "--kind", "pool"]) == 0
+    assert main(["validate", str(out), "--kind", "pool"]) == 0
+    # Rescoring a scored pool drops the old scores first: no stale steps_scored.
+    from betaprm.scoring import StepScores, with_scores
+
+    full = StepScores.from_mu_kappa(np.full(len(cut["steps"]), 0.5), np.ones(len(cut["steps"])))
+    assert "steps_scored" not in with_scores(cut, full) and len(with_scores(cut, full)["mu"]) == len(cut["steps"])

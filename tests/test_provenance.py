@@ -262,3 +262,18 @@ def test_records_and_results_stay_strict_json():
         json_line({"id": "p3", "candidates": [{"mu": [0.5]}, {"mu": [math.nan]}]})
     assert json_line({"id": "p1", "mu": [0.5]}) == '{"id": "p1", "mu": [0.5]}\n'
     assert finite_or_null({"acc": math.nan, "ci": [math.inf, 0.5], "n": 0}) == {"acc": None, "ci": [None, 0.5], "n": 0}
+
+
+def test_damaged_sidecar_or_folder_output_is_an_input_error(prms, tmp_path, capsys):
+    """A sidecar whose settings are not an object, and an --output that is a folder, end
+    with exit 2 naming the file (before: AttributeError / IsADirectoryError tracebacks)."""
+    pools = write_pools(tmp_path / "pools.jsonl", 2)
+    out = tmp_path / "out.jsonl"
+    assert score(prms[0], pools, out) == 0
+    (tmp_path / "out.jsonl.meta.json").write_text('{"settings": "x"}')
+    capsys.readouterr()
+    assert score(prms[0], pools, out) == 2
+    assert "out.jsonl.meta.json: not a betaprm settings file" in capsys.readouterr().err
+    (tmp_path / "folder").mkdir()
+    assert score(prms[0], pools, tmp_path / "folder") == 2
+    assert "is a folder; give the path of the output file" in capsys.readouterr().err

@@ -180,6 +180,13 @@ class AnswerChecker:
     are stopped at exit in any case."""
 
     def __init__(self, timeout: float = 10.0, workers: int = 4):
+        import math
+
+        from .errors import BetaPRMInputError
+
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            # NaN would never expire (no kill), and 0 would fail every check.
+            raise BetaPRMInputError(f"--check-timeout must be a number of seconds > 0, got {timeout!r}")
         self.timeout = timeout
         self.workers = max(1, workers)
         self.failed = 0

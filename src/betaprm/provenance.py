@@ -151,9 +151,11 @@ def _check_settings(path: Path, settings: dict, info: dict, flag: str) -> None:
     has_records = path.is_file() and path.stat().st_size > 0
     if has_records and meta.is_file():
         try:
-            old = json.loads(meta.read_text())
+            old = json.loads(meta.read_text(encoding="utf-8"))
             old_settings, old_info = old["settings"], old.get("info", {})
-        except (ValueError, KeyError, TypeError):
+            if not isinstance(old_settings, dict) or not isinstance(old_info, dict):
+                raise TypeError("settings and info must be objects")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise BetaPRMInputError(f"{meta}: not a betaprm settings file; delete {path} to start anew, or use another {flag}") from None
         diff = differences(old_settings, settings, old_info, info)
         if diff:
@@ -179,12 +181,20 @@ def open_output(path, settings: dict, info: dict | None = None, flag: str = "--o
     from .model import _version
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise BetaPRMInputError(f"{flag} {path}: is a folder; give the path of the output file (JSONL) inside it")
     settings = json.loads(json.dumps(settings))  # as the sidecar holds them (tuples -> lists)
     info = {**(info or {}), "betaprm": _version()}
-    fh = _lock(path, flag)
     try:
-        _check_settings(path, settings, info, flag)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = _lock(path, flag)
+    except OSError as e:
+        raise BetaPRMInputError(f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions") from None
+    try:
+        try:
+            _check_settings(path, settings, info, flag)
+        except OSError as e:
+            raise BetaPRMInputError(f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions") from None
         yield path
     finally:
         fh.close()

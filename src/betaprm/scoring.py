@@ -80,7 +80,7 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 def split_by_trace(out, n: int) -> list[StepScores]:
     """A forward pass's per-marker outputs (row-major) -> one ``StepScores`` per trace."""
     counts = torch.bincount(out.row, minlength=n).tolist()
-    mus, kappas = out.mu.float().cpu().split(counts), out.kappa.float().cpu().split(counts)
+    mus, kappas = out.mu.detach().float().cpu().split(counts), out.kappa.detach().float().cpu().split(counts)
     return [StepScores.from_mu_kappa(m.numpy(), k.numpy()) for m, k in zip(mus, kappas)]
 
 
@@ -121,13 +121,18 @@ def max_positions(prm) -> int | None:
 TRUNCATE_MODES = ("error", "steps")
 
 
-def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None) -> tuple[list[list[int]], list[int]]:
+TRUNCATE_HINT = "pass --truncate steps to score the whole steps that fit (the others get no score), or use a model with more positions"
+
+
+def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None,
+               hint: str = TRUNCATE_HINT) -> tuple[list[list[int]], list[int]]:
     """Encoded traces made to fit the model's positions: ``(ids, steps kept)`` per trace.
 
     ``truncate="error"`` stops at the first trace longer than the model's positions,
     naming it; ``"steps"`` keeps its first whole steps that fit (as training does), so
     its scores cover those steps only. A trace of which not even one step fits is an
-    error in both modes: there is nothing to score.
+    error in both modes: there is nothing to score. ``hint`` ends the error message (what
+    the caller's user can do about it).
     """
     if truncate not in TRUNCATE_MODES:
         raise BetaPRMInputError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
@@ -144,8 +149,7 @@ def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error",
         name = names[j] if names is not None else f"trace {j}"
         if truncate == "error":
             raise BetaPRMInputError(
-                f"{name}: {len(ids)} tokens, more than the model's {limit} positions; pass --truncate steps "
-                "to score the whole steps that fit (the others get no score), or use a model with more positions"
+                f"{name}: {len(ids)} tokens, more than the model's {limit} positions; {hint}"
             )
         cut, n = fit_to_length(ids, marker, limit, rep)
         if n == 0:
@@ -185,13 +189,15 @@ def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int | N
 
 
 def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: int | None = None, progress=None, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-                 truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None) -> list[StepScores]:
+                 truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None, hint: str = TRUNCATE_HINT) -> list[StepScores]:
     """Score ``(question, steps)`` traces, or ``(question, steps, image paths)`` with a
     vision-language BetaPRM; one ``StepScores`` per trace, in order.
 
     A trace longer than the model's positions is an error naming it (``names[i]``, or
     its index), unless ``truncate="steps"``: then its scores cover the whole steps that
     fit, so ``len(scores[i]) < len(steps)`` for that trace (see ``fit_traces``).
+    Vision-language PRMs batch ``batch_size`` traces (default 8) and do not truncate: an
+    image's token count is known only after the processor has run.
     """
     if getattr(prm, "processor", None) is not None:
         from .vision import score_multimodal
@@ -200,7 +206,7 @@ def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: i
     if any(len(t) > 2 and t[2] for t in traces):
         raise BetaPRMInputError("traces with images need a vision-language BetaPRM; this one is text-only")
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(t[0], t[1]) for t in traces], prm.config.trace_format)
-    ids, _ = fit_traces(prm, ids, truncate, names, max_length)
+    ids, _ = fit_traces(prm, ids, truncate, names, max_length, hint)
     return score_token_ids(prm, ids, batch_size=batch_size, progress=progress, max_batch_tokens=max_batch_tokens)
 
 
@@ -282,7 +288,7 @@ def score_pool_file(prm, input_path, output_path, batch_size: int | None = None,
             lines = []
             for r in pools:
                 rec = dict(r)
-                rec["candidates"] = [{**c, **scored_fields(next(scores), len(c["steps"]))} for c in r["candidates"]]
+                rec["candidates"] = [with_scores(c, next(scores)) for c in r["candidates"]]
                 lines.append(json_line(rec, ensure_ascii=False))  # a NaN raises before this chunk is written
             # One write per record: a kill leaves at most one partial line, which the
             # next run removes.
@@ -295,11 +301,17 @@ def score_pool_file(prm, input_path, output_path, batch_size: int | None = None,
     return stats
 
 
-def scored_fields(scores: StepScores, n_steps: int) -> dict:
-    """A candidate's ``mu``/``kappa``/``sigma`` lists, plus ``steps_scored`` when the
-    trace was cut to fewer steps than it has (``truncate="steps"``)."""
-    d = scores.to_dict()
-    if len(scores) < n_steps:
+SCORED_FIELDS = ("mu", "kappa", "sigma", "steps_scored")
+
+
+def with_scores(candidate: dict, scores: StepScores) -> dict:
+    """``candidate`` with this scoring's ``mu``/``kappa``/``sigma`` lists, plus
+    ``steps_scored`` when the trace was cut to fewer steps than it has
+    (``truncate="steps"``). Scores of an earlier scoring are dropped first, so a stale
+    ``steps_scored`` never outlives them."""
+    d = {k: v for k, v in candidate.items() if k not in SCORED_FIELDS}
+    d.update(scores.to_dict())
+    if len(scores) < len(candidate["steps"]):
         d["steps_scored"] = len(scores)
     return d
 
@@ -315,4 +327,6 @@ class PRMScorer:
         self.max_batch_tokens = max_batch_tokens
 
     def __call__(self, traces: Sequence[tuple[str, Sequence[str]]]) -> list[StepScores]:
-        return score_traces(self.prm, [(q, list(s)) for q, s in traces], batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens)
+        names = [f"a candidate of question {q[:60]!r}" for q, _ in traces]
+        return score_traces(self.prm, [(q, list(s)) for q, s in traces], batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
+                            names=names, hint="ACA needs every step scored: use a PRM with more positions, or a lower --max-new-tokens for the policy")

@@ -196,7 +196,8 @@ def _trainer_class():
                 f"training stopped at optimiser step {self.state.global_step + 1}: {what}"
                 + (f" in the batch of records {shown}" if ids else "")
                 + ". Nothing of this step was applied and the last checkpoint is intact. Check those records' "
-                "counts, or lower --learning-rate / raise --warmup-ratio (then --resume-from-checkpoint last, or start anew)."
+                "counts, or start anew with a lower --learning-rate or a longer --warmup-ratio (another --output-dir, "
+                "or --overwrite-output-dir; a resume must keep the checkpoint's settings)."
             )
 
         # ---- loss
@@ -311,8 +312,11 @@ def _non_finite_stop_class():
             self.trainer = trainer
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            # Under DeepSpeed the gradients are not on the parameters; the loss check in
+            # training_step still holds there.
             grads = [p.grad for p in (model or self.trainer.model).parameters() if p.grad is not None]
-            if grads and not torch.isfinite(torch.stack([g.float().norm() for g in grads])).all():
+            # One norm per tensor in its own dtype (no float32 copies of bf16 gradients).
+            if grads and not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
                 self.trainer.diverged("non-finite gradient")
             self.trainer._step_rows = []
 
@@ -438,8 +442,14 @@ def _refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
             "--overwrite-output-dir to start anew there"
         )
     if rank == 0:
+        from .model import CONFIG_NAME
+
         for old in out.glob("checkpoint-*"):
             shutil.rmtree(old)
+        # Without its BetaPRM config the earlier final model no longer loads, so a run of
+        # this one that stops early cannot leave the directory looking like a finished model.
+        for name in (CONFIG_NAME, "train_summary.json"):
+            (out / name).unlink(missing_ok=True)
 
 
 def _check_resume(resume: str, record: dict, say=print) -> None:
@@ -454,9 +464,11 @@ def _check_resume(resume: str, record: dict, say=print) -> None:
         say(f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without checking data and hyperparameters")
         return
     try:
-        old = json.loads(path.read_text())
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(old, dict) or not isinstance(old.get("settings"), dict) or not isinstance(old.get("info", {}), dict):
+            raise TypeError("settings and info must be objects")
         diff = differences(old["settings"], record["settings"], old.get("info"), record["info"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise BetaPRMInputError(f"{path}: not a betaprm run record; remove it to resume without checking the settings") from None
     if diff:
         raise BetaPRMInputError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class EvalBonConfig(ScoringOptions):
         if not 0 < self.val_fraction < 1:
             bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
         bad += self.scoring_problems()
+        if not (math.isfinite(self.check_timeout) and self.check_timeout > 0):
+            bad.append(f"--check-timeout must be a number of seconds > 0, got {self.check_timeout}")
         if self.on_error not in ("fail", "skip"):
             bad.append(f"--on-error must be fail or skip, got {self.on_error!r}")
         if self.judge_url and not self.judge_model:
@@ -116,6 +119,10 @@ def run(args):
         res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
         res["answer_checks_failed"] = checker.failed - before
         res["pool_records_rejected"] = loaded.n_rejected
+        res["candidates_truncated"] = sum("steps_scored" in c for r in records for c in r["candidates"])
+        if res["candidates_truncated"]:
+            print(f"{path}: {res['candidates_truncated']} candidates were scored on the steps that fit the model's positions only "
+                  "(steps_scored); selectors see those steps, so min, last and prod may favour them")
         results[name] = res
         if cfg.plots:
             curves[name] = _curve(pools, res, cfg)
@@ -157,7 +164,7 @@ def _load(cfg):
 def _score_in_place(prm, records, cfg, path):
     from tqdm.auto import tqdm
 
-    from ..scoring import _pool_images, score_traces, scored_fields
+    from ..scoring import _pool_images, score_traces, with_scores
 
     if prm.is_vision:
         traces = [(r["question"], c["steps"], _pool_images(r, path)) for r in records for c in r["candidates"]]
@@ -168,8 +175,7 @@ def _score_in_place(prm, records, cfg, path):
         flat = score_traces(prm, traces, batch_size=cfg.batch_size, progress=bar.update, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate, names=names)
     it = iter(flat)
     for r in records:
-        for c in r["candidates"]:
-            c.update(scored_fields(next(it), len(c["steps"])))
+        r["candidates"] = [with_scores(c, next(it)) for c in r["candidates"]]
 
 
 def _curve(pools, res, cfg):

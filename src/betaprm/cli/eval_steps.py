@@ -141,10 +141,13 @@ def _plots(cfg, items, scores, step_scores, res):
 
     out = Path(cfg.plots)
     out.mkdir(parents=True, exist_ok=True)
-    mu = np.array([m for s, it in zip(scores, items) for m, lab in zip(s.mu, it.labels) if lab != 0])
-    y = np.array([lab == 1 for it in items for lab in it.labels if lab != 0], float)
+    # Labels of the scored steps only: with --truncate steps a trace's scores may cover
+    # fewer steps than it has.
+    labels = [np.array(it.labels[: len(s)]) for s, it in zip(scores, items)]
+    mu = np.concatenate([s.mu[lab != 0] for s, lab in zip(scores, labels)])
+    y = np.concatenate([(lab[lab != 0] == 1) for lab in labels]).astype(float)
     plots.reliability_diagram({"mu": (mu, y)}, out / "reliability.png")
-    sc = np.concatenate([np.asarray(s)[np.array(it.labels) != 0] for s, it in zip(step_scores, items)])
+    sc = np.concatenate([np.asarray(s)[lab != 0] for s, lab in zip(step_scores, labels)])
     ts = np.quantile(sc, np.linspace(0, 1, 41))
     plots.best_of_n_curves({"micro-F1 (all steps)": (list(ts), [f1_scores(sc >= t, y.astype(bool))[0] for t in ts])}, out / "f1_threshold.png",
                            points={"chosen threshold": (res["threshold"], res["overall_f1"])}, xlabel="threshold on the step score")

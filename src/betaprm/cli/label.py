@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..generation.factory import BackendOptions
@@ -45,6 +46,8 @@ class LabelConfig(BackendOptions):
         from ..errors import BetaPRMInputError
 
         bad = self._check_backend()
+        if not (math.isfinite(self.check_timeout) and self.check_timeout > 0):
+            bad.append(f"--check-timeout must be a number of seconds > 0, got {self.check_timeout}")
         if not self.out:
             bad.append("--out is required (the JSONL file of labelled records)")
         if self.n < 1:

@@ -11,13 +11,18 @@ Input: JSONL records with id, question and candidates (each {"steps": [...]}).
 Output: the same records, each candidate with mu, kappa and sigma lists (one value per
 step), appended to --output. Records whose id is already in --output are skipped, so
 rerunning an interrupted command continues where it stopped; nothing is duplicated.
-OUTPUT.meta.json records the settings that made the records (the model's fingerprint,
---truncate); a rerun with other settings stops and names them. OUTPUT.lock keeps a
-second process from writing the same --output."""
+OUTPUT.meta.json records what made the records (the model's fingerprint); a rerun with
+another model stops and says so. OUTPUT.lock keeps a second process from writing the
+same --output. A candidate longer than the model's positions stops the run (--truncate
+error) or is scored on the whole steps that fit and carries "steps_scored" (--truncate
+steps); a rerun with --truncate steps continues the same output."""
 
 # Options that do not change a record (batching, device, paths): left out of the settings
 # a resumed --output must match. The model enters as its fingerprint, not its path.
-NOT_RESULTS = {"model", "input", "output", "device", "on_error", "rejects", "trust_remote_code", "batch_size", "max_batch_tokens"}
+# --truncate is not one either: a record scored whole is the same under both modes, and a
+# cut one says so itself (steps_scored), so a rerun with --truncate steps after --truncate
+# error stopped on a long candidate continues the same output.
+NOT_RESULTS = {"model", "input", "output", "device", "on_error", "rejects", "trust_remote_code", "batch_size", "max_batch_tokens", "truncate"}
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -42,6 +43,8 @@ class BackendOptions:
             bad.append(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         elif self.backend != "synth" and not self.policy:
             bad.append(f"--backend {self.backend} needs --policy (the model to generate with)")
+        if not (math.isfinite(self.request_timeout) and self.request_timeout > 0):
+            bad.append(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
         if self.gen_batch_size < 1 or self.gen_max_batch_tokens < 1:
             bad.append(f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and {self.gen_max_batch_tokens}")
         if self.endpoint not in ("chat", "completions"):

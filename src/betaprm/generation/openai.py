@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
 import time
@@ -115,8 +116,14 @@ class OpenAIGenerator:
         if endpoint not in ("chat", "completions"):
             raise ValueError(f"endpoint must be chat or completions, got {endpoint!r}")
         u = urllib.parse.urlsplit(base_url)
+        try:
+            _ = u.port  # raises on a port that is not a number in 0..65535
+        except ValueError:
+            raise BetaPRMInputError(f"{url_flag} {base_url!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1") from None
         if u.scheme not in ("http", "https") or not u.hostname:
             raise BetaPRMInputError(f"{url_flag} {base_url!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1")
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise BetaPRMInputError(f"the request timeout must be a number of seconds > 0, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.fmt = fmt or TextFormat()
