@@ -265,7 +265,7 @@ def test_eval_bon_on_an_empty_pool_file(tmp_path, capsys):
     validation split)."""
     pools = tmp_path / "empty.jsonl"
     pools.write_text("\n")
-    fails(["eval-bon", "--pools", str(pools)], capsys, str(pools), "no pool records")
+    fails(["eval-bon", "--pools", str(pools)], capsys, str(pools), "no usable pool records")
 
 
 # ---------------------------------------------------------------- checkpoints
