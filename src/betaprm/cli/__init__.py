@@ -7,9 +7,9 @@ import sys
 
 from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
-from . import aca, convert, demo, eval_bon, eval_steps, label, score, train, validate
+from . import aca, convert, demo, eval_bon, eval_steps, label, score, serve, train, validate
 
-COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert, "label": label, "aca": aca, "eval-steps": eval_steps, "eval-bon": eval_bon}
+COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert, "label": label, "aca": aca, "eval-steps": eval_steps, "eval-bon": eval_bon, "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:

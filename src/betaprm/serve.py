@@ -1,0 +1,264 @@
+"""A reward server: a BetaPRM behind HTTP, for RL and search loops.
+
+``create_app(prm, ServeSettings(...))`` builds a FastAPI app (run by ``betaprm serve``
+under uvicorn) with
+
+- ``POST /v1/score``: one trace ``{"question", "steps"}`` or ``{"items": [...]}`` ->
+  per step ``mu``, ``kappa``, ``sigma`` and trace scores (``mean``, ``min``, ``last``,
+  ``prod``, ``lin``, and ``rb`` when a sigma threshold ``tau`` is known); ``lam`` and
+  ``tau`` may be given per request;
+- ``POST /get_reward``: OpenRLHF's remote reward-model contract, ``{"query": [...],
+  "prompts": [...]}`` -> ``{"rewards": [...], "step_rewards": [[...]]}``: the response is
+  the query after its prompt, cut into steps at ``step_separator``; the reward is the
+  ``aggregate`` trace score;
+- ``GET /health`` and ``GET /v1/models``.
+
+Concurrent requests are batched dynamically: traces queue up, and a single worker takes
+what arrived within ``max_wait_ms`` of the first (up to ``max_batch_tokens`` tokens),
+scores it with the offline scorer (``score_token_ids``: packed by padded tokens, one
+forward per batch) and answers every request from it, so the scores equal
+``betaprm score``'s. Bad requests get a 4xx status and a message, never a crash:
+malformed JSON or fields (400), a trace longer than the model's positions or too many
+items (413), a missing or wrong key (401).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+# At module level: FastAPI reads the handlers' annotations (``Request``) from here.
+from fastapi import Request
+
+from .errors import BetaPRMInputError
+from .formatting import encode_traces
+from .scoring import DEFAULT_MAX_BATCH_TOKENS, StepScores, max_positions, score_token_ids
+from .selection import METHODS, candidate_scores
+
+__all__ = ["ServeSettings", "create_app", "trace_scores"]
+
+
+@dataclass
+class ServeSettings:
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_wait_ms: float = 5.0
+    max_items: int = 256
+    max_request_bytes: int = 16 * 2**20
+    lam: float = 0.5
+    tau: float | None = None
+    aggregate: str = "mean"
+    step_separator: str = "\n\n"
+    api_key: str | None = None
+    model_name: str = "betaprm"
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` and a message for the client."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def trace_scores(s: StepScores, lam: float, tau: float | None) -> dict:
+    """The selectors' scores of one trace (``rb`` only with a sigma threshold)."""
+    methods = [m for m in METHODS if m != "rb" or tau is not None]
+    return {m: float(candidate_scores([s], m, lam, tau)[0]) for m in methods}
+
+
+class _Batcher:
+    """Gathers queued traces into batches and scores them on one worker thread."""
+
+    def __init__(self, prm, settings: ServeSettings):
+        self.prm = prm
+        self.settings = settings
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="betaprm-score")
+        self.batches = 0
+        self.traces = 0
+        self.lock = threading.Lock()
+
+    async def score(self, ids: list[list[int]]) -> list[StepScores]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in ids]
+        for x, f in zip(ids, futures):
+            self.queue.put_nowait((x, f))
+        return list(await asyncio.gather(*futures))
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self.settings.max_wait_ms / 1000
+        while True:
+            batch = [await self.queue.get()]
+            tokens = len(batch[0][0])
+            deadline = loop.time() + wait
+            while tokens < self.settings.max_batch_tokens:
+                left = deadline - loop.time()
+                if left <= 0 and self.queue.empty():
+                    break
+                try:
+                    item = self.queue.get_nowait() if not self.queue.empty() else await asyncio.wait_for(self.queue.get(), left)
+                except (asyncio.TimeoutError, TimeoutError):
+                    break
+                batch.append(item)
+                tokens += len(item[0])
+            # A cancelled request (its client went away) needs no scores.
+            batch = [(x, f) for x, f in batch if not f.done()]
+            if not batch:
+                continue
+            try:
+                results = await loop.run_in_executor(self.pool, score_token_ids, self.prm, [x for x, _ in batch], None, None, self.settings.max_batch_tokens)
+            except Exception as e:  # a failed forward fails its requests, not the server
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(e)
+                continue
+            self.batches += 1
+            self.traces += len(batch)
+            for (_, f), r in zip(batch, results):
+                if not f.done():
+                    f.set_result(r)
+
+
+def _text(obj: dict, key: str, where: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise RequestError(400, f"{where}: field {key!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _number(obj: dict, key: str, default):
+    v = obj.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise RequestError(400, f"field {key!r} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _parse_trace(obj, where: str) -> tuple[str, list[str]]:
+    if not isinstance(obj, dict):
+        raise RequestError(400, f"{where}: must be an object with 'question' and 'steps'")
+    question = _text(obj, "question", where)
+    steps = obj.get("steps")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+        raise RequestError(400, f"{where}: field 'steps' must be a non-empty list of non-empty strings")
+    if obj.get("images"):
+        raise RequestError(400, f"{where}: images are not served yet (betaprm serve scores text traces); leave out 'images'")
+    return question, steps
+
+
+def create_app(prm, settings: ServeSettings | None = None):
+    """The FastAPI app serving ``prm`` (see the module docstring)."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    settings = settings or ServeSettings()
+    if settings.aggregate not in METHODS:
+        raise BetaPRMInputError(f"--aggregate must be one of {', '.join(METHODS)}, got {settings.aggregate!r}")
+    if settings.aggregate == "rb" and settings.tau is None:
+        raise BetaPRMInputError("--aggregate rb needs --tau (S_RB's sigma threshold)")
+    if prm.processor is not None:
+        raise BetaPRMInputError("betaprm serve scores text traces; this checkpoint is a vision-language BetaPRM")
+    limit = max_positions(prm)
+    batcher = _Batcher(prm.eval(), settings)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.create_task(batcher.run())
+        yield
+        task.cancel()
+        batcher.pool.shutdown(wait=True)
+
+    app = FastAPI(title="betaprm", lifespan=lifespan)
+
+    @app.exception_handler(RequestError)
+    async def _refused(request, exc: RequestError):
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    async def body_of(request: Request):
+        if settings.api_key is not None:
+            got = request.headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {settings.api_key}".encode()):
+                raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > settings.max_request_bytes:
+            raise RequestError(413, f"request body of {length} bytes is over the server's {settings.max_request_bytes}")
+        raw = await request.body()
+        if len(raw) > settings.max_request_bytes:
+            raise RequestError(413, f"request body of {len(raw)} bytes is over the server's {settings.max_request_bytes}")
+        try:
+            return json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
+        except (ValueError, RecursionError) as e:
+            raise RequestError(400, f"the body is not valid JSON: {e}") from None
+
+    def encode(traces: list[tuple[str, list[str]]], names: list[str]) -> list[list[int]]:
+        if len(traces) > settings.max_items:
+            raise RequestError(413, f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per request")
+        try:
+            ids = encode_traces(prm.tokenizer, prm.config.marker_id, traces, prm.config.trace_format)
+        except BetaPRMInputError as e:  # marker text in a step, and the like
+            raise RequestError(400, str(e)) from None
+        for name, x in zip(names, ids):
+            if limit is not None and len(x) > limit:
+                raise RequestError(413, f"{name}: {len(x)} tokens, more than the model's {limit} positions; send a shorter trace")
+        return ids
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "batches": batcher.batches, "traces": batcher.traces,
+                "mean_batch_traces": batcher.traces / batcher.batches if batcher.batches else 0.0}
+
+    @app.get("/v1/models")
+    async def models():
+        c = prm.config
+        return {"data": [{"id": settings.model_name, "object": "model", "marker": c.marker, "reward_tokens": list(c.reward_tokens),
+                          "max_positions": limit, "lam": settings.lam, "tau": settings.tau, "aggregate": settings.aggregate}]}
+
+    @app.post("/v1/score")
+    async def score(request: Request):
+        body = await body_of(request)
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body must be a JSON object: one trace {question, steps} or {items: [...]}")
+        single = "items" not in body
+        items = [body] if single else body["items"]
+        if not isinstance(items, list) or not items:
+            raise RequestError(400, "field 'items' must be a non-empty list of {question, steps} objects")
+        lam, tau = _number(body, "lam", settings.lam), _number(body, "tau", settings.tau)
+        names = ["the trace" if single else f"items[{i}]" for i in range(len(items))]
+        traces = [_parse_trace(it, n) for it, n in zip(items, names)]
+        scores = await batcher.score(encode(traces, names))
+        results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]
+        return results[0] if single else {"results": results}
+
+    @app.post("/get_reward")
+    async def get_reward(request: Request):
+        body = await body_of(request)
+        if not isinstance(body, dict) or not isinstance(body.get("query"), list) or not body["query"]:
+            raise RequestError(400, "the body must be {\"query\": [texts], \"prompts\": [texts]} (OpenRLHF's remote reward model)")
+        queries, prompts = body["query"], body.get("prompts")
+        if prompts is not None and (not isinstance(prompts, list) or len(prompts) != len(queries)):
+            raise RequestError(400, f"'prompts' must be a list with one prompt per query ({len(queries)})")
+        traces, names = [], []
+        for i, q in enumerate(queries):
+            if not isinstance(q, str) or (prompts is not None and not isinstance(prompts[i], str)):
+                raise RequestError(400, f"query[{i}] and its prompt must be strings")
+            prompt = prompts[i] if prompts is not None else ""
+            response = q[len(prompt):] if q.startswith(prompt) else q
+            steps = [s.strip() for s in response.split(settings.step_separator) if s.strip()]
+            if not steps:
+                raise RequestError(400, f"query[{i}] has no response text after its prompt to score")
+            traces.append((prompt, steps))
+            names.append(f"query[{i}]")
+        scores = await batcher.score(encode(traces, names))
+        agg = [trace_scores(s, settings.lam, settings.tau)[settings.aggregate] for s in scores]
+        return {"rewards": agg, "step_rewards": [s.mu.tolist() for s in scores]}
+
+    return app

@@ -1,0 +1,212 @@
+"""betaprm serve: a real server process on 127.0.0.1 with a tiny BetaPRM."""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from betaprm import BetaPRM
+from betaprm.reward import StepRewards
+from betaprm.scoring import score_pool_file, score_traces
+
+from .helpers import make_lm_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``betaprm serve`` in its own process; waits until /health answers."""
+
+    def __init__(self, model, *extra, env=None):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "betaprm", "serve", "--model", str(model), "--port", str(self.port), "--device", "cpu", *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("server did not come up")
+
+    def request(self, method, path, body=None, headers=None, raw: bytes | None = None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        out = resp.status, json.loads(resp.read() or b"null")
+        conn.close()
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory):
+    import torch
+
+    d = tmp_path_factory.mktemp("serve")
+    prm = BetaPRM.from_backbone(str(make_lm_dir(d / "lm")))
+    with torch.no_grad():
+        prm.kappa_head.weight.normal_(0, 0.3)
+    prm.save_pretrained(d / "prm")
+    return d / "prm"
+
+
+@pytest.fixture(scope="module")
+def server(prm_dir):
+    s = Server(prm_dir, "--max-items", "64", "--max-wait-ms", "20", "--tau", "0.2")
+    yield s
+    s.stop()
+
+
+TRACES = [("what is 3 + 4 ?", ["3 + 4 = 7", "so the answer is 7"]), ("compute 12 * 3", ["12 * 3 = 36"]),
+          ("add 1 and 2", ["1 + 2 = 3", "3 + 0 = 3", "the answer is 3"])]
+
+
+def test_score_endpoint_equals_betaprm_score(server, prm_dir, tmp_path):
+    pools = tmp_path / "pools.jsonl"
+    pools.write_text(json.dumps({"id": "p", "question": "q", "candidates": [{"steps": s} for _, s in TRACES]}) + "\n")
+    prm = BetaPRM.from_pretrained(prm_dir)
+    score_pool_file(prm, pools, tmp_path / "scored.jsonl", show_progress=False)
+    offline = json.loads((tmp_path / "scored.jsonl").read_text())["candidates"]
+    status, res = server.request("POST", "/v1/score", {"items": [{"question": "q", "steps": s} for _, s in TRACES]})
+    assert status == 200 and len(res["results"]) == 3
+    for r, c in zip(res["results"], offline):
+        for k in ("mu", "kappa", "sigma"):
+            np.testing.assert_allclose(r[k], c[k], rtol=1e-5, atol=1e-6)
+        mu, sigma = np.array(c["mu"]), np.array(c["sigma"])
+        assert r["scores"]["mean"] == pytest.approx(mu.mean(), abs=1e-6) and r["scores"]["min"] == pytest.approx(mu.min(), abs=1e-6)
+        assert r["scores"]["lin"] == pytest.approx((mu - 0.5 * sigma).mean(), abs=1e-6)
+        assert r["scores"]["rb"] == pytest.approx(mu.mean() - 0.5 * (sigma > 0.2).mean(), abs=1e-6)
+    # One trace, and a request's own lambda.
+    status, one = server.request("POST", "/v1/score", {"question": "q", "steps": TRACES[0][1], "lam": 1.0})
+    assert status == 200 and one["mu"] == pytest.approx(res["results"][0]["mu"], abs=1e-6)
+    assert one["scores"]["lin"] == pytest.approx(float(np.mean(np.array(one["mu"]) - np.array(one["sigma"]))), abs=1e-6)
+
+
+def test_get_reward_is_openrlhfs_contract(server, prm_dir):
+    prompts = [q for q, _ in TRACES]
+    queries = [q + "\n\n".join(s) for q, s in TRACES]
+    status, res = server.request("POST", "/get_reward", {"query": queries, "prompts": prompts})
+    assert status == 200 and len(res["rewards"]) == 3
+    local = score_traces(BetaPRM.from_pretrained(prm_dir), TRACES)
+    for reward, steps, s in zip(res["rewards"], res["step_rewards"], local):
+        assert steps == pytest.approx(s.mu.tolist(), abs=1e-5) and reward == pytest.approx(s.mu.mean(), abs=1e-5)
+
+
+def test_health_and_models(server):
+    status, h = server.request("GET", "/health")
+    assert status == 200 and h["status"] == "ok"
+    status, m = server.request("GET", "/v1/models")
+    assert status == 200 and m["data"][0]["marker"] == "<prm>" and m["data"][0]["max_positions"] == 1024
+
+
+@pytest.mark.parametrize("body,raw,status,message", [
+    (None, b"{not json", 400, "not valid JSON"),
+    (None, b'{"question": "q", "steps": [NaN]}', 400, "not valid JSON"),
+    ({"question": "q"}, None, 400, "'steps' must be a non-empty list"),
+    ({"question": 5, "steps": ["a"]}, None, 400, "'question' must be a string"),
+    ({"question": "q", "steps": ["a <prm> b"]}, None, 400, "contains the marker text"),
+    ({"question": "q", "steps": ["word " * 2000]}, None, 413, "more than the model's 1024 positions"),
+    ({"items": [{"question": "q", "steps": ["a"]}] * 65}, None, 413, "more than the server's 64"),
+    ({"question": "q", "steps": ["a"], "images": ["x.png"]}, None, 400, "images are not served yet"),
+    ({"question": "q", "steps": ["a"], "lam": "x"}, None, 400, "'lam' must be a finite number"),
+])
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, body, raw, status, message):
+    got, res = server.request("POST", "/v1/score", body, raw=raw)
+    assert got == status and message in res["error"], res
+    assert server.request("POST", "/v1/score", {"question": "q", "steps": ["a"]})[0] == 200
+
+
+def test_concurrent_requests_are_batched_and_answered_in_order(server, prm_dir):
+    """32 clients at once: every answer is its own trace's, and traces shared forwards."""
+    local = score_traces(BetaPRM.from_pretrained(prm_dir), [("q", [f"{i} + 1 = {i + 1}", "done"]) for i in range(32)])
+    before = server.request("GET", "/health")[1]
+    answers = [None] * 32
+
+    def client(i):
+        answers[i] = server.request("POST", "/v1/score", {"question": "q", "steps": [f"{i} + 1 = {i + 1}", "done"]})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (status, res), s in zip(answers, local):
+        assert status == 200 and res["mu"] == pytest.approx(s.mu.tolist(), abs=1e-5)
+    after = server.request("GET", "/health")[1]
+    assert after["traces"] - before["traces"] == 32 and after["batches"] - before["batches"] < 32
+
+
+def test_a_client_killed_mid_request_does_not_disturb_others(server):
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"question\": ")
+    s.close()  # gone before its body arrived
+    s2 = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps({"items": [{"question": "q", "steps": ["a b c"] * 20}] * 64}).encode()
+    s2.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    s2.close()  # gone while its traces are scored
+    for _ in range(3):
+        assert server.request("POST", "/v1/score", {"question": "q", "steps": ["a"]})[0] == 200
+
+
+def test_step_rewards_local_and_remote_agree(server, prm_dir):
+    """search-and-learn's interface: score(questions, outputs) -> rewards per step."""
+    questions = ["what is 3 + 4 ?", "compute 12 * 3"]
+    outputs = [["3 + 4 = 7\n\nso the answer is 7", "3 + 4 = 8\n\nthe answer is 8"], ["12 * 3 = 36"]]
+    local = StepRewards(prm=BetaPRM.from_pretrained(prm_dir), value="lin").score(questions, outputs)
+    remote = StepRewards(url=f"http://127.0.0.1:{server.port}", value="lin").score(questions, outputs)
+    assert [[len(r) for r in q] for q in local] == [[2, 2], [1]]
+    for lq, rq in zip(local, remote):
+        for lr, rr in zip(lq, rq):
+            assert rr == pytest.approx(lr, abs=1e-5)
+
+
+def test_api_key_and_graceful_shutdown(prm_dir):
+    """With --api-key-env a request without the key is 401; on SIGTERM the requests in
+    flight are answered before the process exits (0)."""
+    srv = Server(prm_dir, "--api-key-env", "BETAPRM_SERVE_KEY", "--max-wait-ms", "50", env={"BETAPRM_SERVE_KEY": "k1"})
+    try:
+        status, res = srv.request("POST", "/v1/score", {"question": "q", "steps": ["a"]})
+        assert status == 401 and "API key" in res["error"]
+        auth = {"Authorization": "Bearer k1"}
+        assert srv.request("POST", "/v1/score", {"question": "q", "steps": ["a"]}, headers=auth)[0] == 200
+        big = {"items": [{"question": "q", "steps": [f"step {j} " * 20 for j in range(12)]}] * 64}
+        answers = []
+        threads = [threading.Thread(target=lambda: answers.append((srv.request("POST", "/v1/score", big, headers=auth)[0], time.time())))
+                   for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # the requests are in, being scored
+        signalled = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert [a for a, _ in answers] == [200] * 8
+        assert any(t > signalled for _, t in answers)  # some were answered after the signal: drained
+        # uvicorn ends by re-raising the signal it handled, once the requests are done.
+        assert srv.proc.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        srv.stop()
