@@ -28,7 +28,6 @@ import asyncio
 import hmac
 import json
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -72,32 +71,51 @@ def trace_scores(s: StepScores, lam: float, tau: float | None) -> dict:
 
 
 class _Batcher:
-    """Gathers queued traces into batches and scores them on one worker thread."""
+    """Gathers queued traces into batches; one worker thread tokenises each batch in one
+    call and scores it, so the event loop only parses requests and answers them."""
 
     def __init__(self, prm, settings: ServeSettings):
         self.prm = prm
         self.settings = settings
+        self.limit = max_positions(prm)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="betaprm-score")
         self.batches = 0
         self.traces = 0
-        self.lock = threading.Lock()
 
-    async def score(self, ids: list[list[int]]) -> list[StepScores]:
+    async def score(self, traces: list[tuple[str, list[str]]], names: list[str]) -> list[StepScores]:
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in ids]
-        for x, f in zip(ids, futures):
-            self.queue.put_nowait((x, f))
+        futures = [loop.create_future() for _ in traces]
+        for t, n, f in zip(traces, names, futures):
+            self.queue.put_nowait((t, n, f))
         return list(await asyncio.gather(*futures))
+
+    def _score(self, batch) -> list:
+        """StepScores, or the RequestError of a trace over the model's positions, per item."""
+        ids = encode_traces(self.prm.tokenizer, self.prm.config.marker_id, [t for t, _, _ in batch], self.prm.config.trace_format)
+        out: list = [None] * len(batch)
+        fits = []
+        for i, ((_, name, _), x) in enumerate(zip(batch, ids)):
+            if self.limit is not None and len(x) > self.limit:
+                out[i] = RequestError(413, f"{name}: {len(x)} tokens, more than the model's {self.limit} positions; send a shorter trace")
+            else:
+                fits.append(i)
+        for i, r in zip(fits, score_token_ids(self.prm, [ids[i] for i in fits], max_batch_tokens=self.settings.max_batch_tokens)):
+            out[i] = r
+        return out
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         wait = self.settings.max_wait_ms / 1000
+        # Gathered by characters, as tokenising happens in the worker: up to about four
+        # forward batches' worth (3 characters per token is a low estimate), which the
+        # worker packs by padded tokens like the offline scorer.
+        budget = 12 * self.settings.max_batch_tokens
         while True:
             batch = [await self.queue.get()]
-            tokens = len(batch[0][0])
+            size = _chars(batch[0][0])
             deadline = loop.time() + wait
-            while tokens < self.settings.max_batch_tokens:
+            while size < budget:
                 left = deadline - loop.time()
                 if left <= 0 and self.queue.empty():
                     break
@@ -106,23 +124,24 @@ class _Batcher:
                 except (asyncio.TimeoutError, TimeoutError):
                     break
                 batch.append(item)
-                tokens += len(item[0])
+                size += _chars(item[0])
             # A cancelled request (its client went away) needs no scores.
-            batch = [(x, f) for x, f in batch if not f.done()]
+            batch = [b for b in batch if not b[2].done()]
             if not batch:
                 continue
             try:
-                results = await loop.run_in_executor(self.pool, score_token_ids, self.prm, [x for x, _ in batch], None, None, self.settings.max_batch_tokens)
+                results = await loop.run_in_executor(self.pool, self._score, batch)
             except Exception as e:  # a failed forward fails its requests, not the server
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(e)
-                continue
+                results = [e] * len(batch)
             self.batches += 1
             self.traces += len(batch)
-            for (_, f), r in zip(batch, results):
+            for (_, _, f), r in zip(batch, results):
                 if not f.done():
-                    f.set_result(r)
+                    f.set_exception(r) if isinstance(r, Exception) else f.set_result(r)
+
+
+def _chars(trace: tuple[str, list[str]]) -> int:
+    return len(trace[0]) + sum(len(x) for x in trace[1])
 
 
 def _text(obj: dict, key: str, where: str) -> str:
@@ -167,8 +186,8 @@ def create_app(prm, settings: ServeSettings | None = None):
         raise BetaPRMInputError("--aggregate rb needs --tau (S_RB's sigma threshold)")
     if prm.processor is not None:
         raise BetaPRMInputError("betaprm serve scores text traces; this checkpoint is a vision-language BetaPRM")
-    limit = max_positions(prm)
     batcher = _Batcher(prm.eval(), settings)
+    limit = batcher.limit
 
     @asynccontextmanager
     async def lifespan(app):
@@ -199,17 +218,13 @@ def create_app(prm, settings: ServeSettings | None = None):
         except (ValueError, RecursionError) as e:
             raise RequestError(400, f"the body is not valid JSON: {e}") from None
 
-    def encode(traces: list[tuple[str, list[str]]], names: list[str]) -> list[list[int]]:
+    def check(traces: list[tuple[str, list[str]]], names: list[str]) -> None:
         if len(traces) > settings.max_items:
             raise RequestError(413, f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per request")
-        try:
-            ids = encode_traces(prm.tokenizer, prm.config.marker_id, traces, prm.config.trace_format)
-        except BetaPRMInputError as e:  # marker text in a step, and the like
-            raise RequestError(400, str(e)) from None
-        for name, x in zip(names, ids):
-            if limit is not None and len(x) > limit:
-                raise RequestError(413, f"{name}: {len(x)} tokens, more than the model's {limit} positions; send a shorter trace")
-        return ids
+        marker = prm.config.marker
+        for name, (q, steps) in zip(names, traces):
+            if marker in q or any(marker in x for x in steps):
+                raise RequestError(400, f"{name} contains the marker text {marker!r}, which would add a scoring position that belongs to no step; remove it")
 
     @app.get("/health")
     async def health():
@@ -234,7 +249,8 @@ def create_app(prm, settings: ServeSettings | None = None):
         lam, tau = _number(body, "lam", settings.lam), _number(body, "tau", settings.tau)
         names = ["the trace" if single else f"items[{i}]" for i in range(len(items))]
         traces = [_parse_trace(it, n) for it, n in zip(items, names)]
-        scores = await batcher.score(encode(traces, names))
+        check(traces, names)
+        scores = await batcher.score(traces, names)
         results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]
         return results[0] if single else {"results": results}
 
@@ -257,7 +273,8 @@ def create_app(prm, settings: ServeSettings | None = None):
                 raise RequestError(400, f"query[{i}] has no response text after its prompt to score")
             traces.append((prompt, steps))
             names.append(f"query[{i}]")
-        scores = await batcher.score(encode(traces, names))
+        check(traces, names)
+        scores = await batcher.score(traces, names)
         agg = [trace_scores(s, settings.lam, settings.tau)[settings.aggregate] for s in scores]
         return {"rewards": agg, "step_rewards": [s.mu.tolist() for s in scores]}
 
