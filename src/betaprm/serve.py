@@ -88,7 +88,12 @@ class _Batcher:
         futures = [loop.create_future() for _ in traces]
         for t, n, f in zip(traces, names, futures):
             self.queue.put_nowait((t, n, f))
-        return list(await asyncio.gather(*futures))
+        # Every future is awaited (no "exception never retrieved"); the first error answers.
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return list(results)
 
     def _score(self, batch) -> list:
         """StepScores, or the RequestError of a trace over the model's positions, per item."""
@@ -103,6 +108,12 @@ class _Batcher:
         for i, r in zip(fits, score_token_ids(self.prm, [ids[i] for i in fits], max_batch_tokens=self.settings.max_batch_tokens)):
             out[i] = r
         return out
+
+    def _score_alone(self, item):
+        try:
+            return self._score([item])[0]
+        except Exception as e:
+            return e
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -131,8 +142,10 @@ class _Batcher:
                 continue
             try:
                 results = await loop.run_in_executor(self.pool, self._score, batch)
-            except Exception as e:  # a failed forward fails its requests, not the server
-                results = [e] * len(batch)
+            except Exception:
+                # One trace the tokenizer or model chokes on must not fail the others that
+                # shared its batch: score them one by one, each with its own outcome.
+                results = [await loop.run_in_executor(self.pool, self._score_alone, b) for b in batch]
             self.batches += 1
             self.traces += len(batch)
             for (_, _, f), r in zip(batch, results):
