@@ -7,7 +7,7 @@ GRID.json maps a recipe name to `betaprm demo` settings, e.g.
 Every (recipe, seed) runs `betaprm demo --no-aca` in its own process (``--jobs`` at a time,
 each with ``--threads`` torch threads) into OUT/RECIPE/seedS; a finished run is not
 run again, so the sweep resumes. It prints and writes OUT/summary.json: per recipe the
-mean and standard deviation over seeds of the numbers issue 4 asks for.
+mean and standard deviation over seeds of the demo's headline numbers (AUROC, MAE, calibration, selectors).
 
 Recipes are compared on seeds the README never reports (its tables are seeds 0 and 1):
 the demo's test split of a sweep seed is a fresh draw of the world, so choosing a recipe

@@ -51,7 +51,7 @@ def test_demo_quick_end_to_end(tmp_path):
         assert text in res.stdout
     r = json.loads((tmp_path / "d" / "results.json").read_text())
     assert r["seed"] == 0 and r["version"] and r["config"]["quick"] is True and r["world"]["modulus"] == 10
-    assert r["seconds"] < 180  # issue 4 item 3: --quick within 3 minutes on 2 cores
+    assert r["seconds"] < 180  # --quick within 3 minutes on 2 cores
     assert BON_KEYS <= set(r["bon"])
     for v in r["bon"].values():
         assert set(v) == {"acc", "ci"} and 0 <= v["ci"][0] <= v["acc"] <= v["ci"][1] <= 1
@@ -82,7 +82,7 @@ def test_demo_quick_end_to_end(tmp_path):
     assert 0 < cb["bayes_width90"] <= cb["bayes_beta_width90"] + 1e-9 < 1
     assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
     assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]
-    # The ACA table (issue 5): every variant with accuracy, interval and tokens; no variant
+    # The ACA table: every variant with accuracy, interval and tokens; no variant
     # spends more than Best-of-16, whose tokens are the pools' own.
     aca = r["aca"]
     assert {"vanilla_bon", "aca", "aca_no_early_stop", "aca_reward_only", "aca_proxy"} <= set(aca)
@@ -176,7 +176,7 @@ def test_config_file_then_flags(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(20 * 60)  # above the suite's 10-minute limit: the bound under test is 15
 def test_demo_default_within_15_minutes(tmp_path):
-    """Issue 4 item 3: the default run (`make demo`) within 15 minutes on 2 cores, with
+    """The default run (`make demo`) within 15 minutes on 2 cores, with
     1,000 test pools of 16 (about 13 minutes on the README's CPU; `make test-all`)."""
     res = run_cli("demo", "--out", str(tmp_path / "d"), timeout=20 * 60)
     assert res.returncode == 0, res.stderr[-3000:]

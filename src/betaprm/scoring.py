@@ -125,8 +125,10 @@ TRUNCATE_HINT = "pass --truncate steps to score the whole steps that fit (the ot
 
 
 def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None,
-               hint: str = TRUNCATE_HINT) -> tuple[list[list[int]], list[int]]:
-    """Encoded traces made to fit the model's positions: ``(ids, steps kept)`` per trace.
+               hint: str = TRUNCATE_HINT) -> tuple[list[list[int]], list[int | None]]:
+    """Encoded traces made to fit the model's positions: ``(ids, steps kept)``, where
+    ``steps kept`` is None for a trace that fits whole (no pass over its tokens is spent
+    on counting) and the number of whole steps kept for a cut one.
 
     ``truncate="error"`` stops at the first trace longer than the model's positions,
     naming it; ``"steps"`` keeps its first whole steps that fit (as training does), so
@@ -136,15 +138,15 @@ def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error",
     """
     if truncate not in TRUNCATE_MODES:
         raise BetaPRMInputError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
-    from .formatting import fit_to_length, read_positions
+    from .formatting import fit_to_length
 
     limit = max_length or max_positions(prm)
     marker, rep = prm.config.marker_id, prm.config.marker_repeat
     out_ids, kept = [], []
     for j, ids in enumerate(token_ids):
         if limit is None or len(ids) <= limit:
-            out_ids.append(list(ids))
-            kept.append(len(read_positions(ids, marker, rep)))
+            out_ids.append(ids)
+            kept.append(None)
             continue
         name = names[j] if names is not None else f"trace {j}"
         if truncate == "error":
