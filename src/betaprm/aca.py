@@ -7,7 +7,7 @@ stops or spends another batch of ``m`` samples, up to ``budget`` candidates in a
   ``U(y) = mean_t sigma_t``; ``LCB = S - c_stop * U`` and ``UCB = S + c_stop * U``;
 - it **stops** when ``LCB(best) > max UCB(competitors)``. Candidates with the same final
   answer as the best are not its competitors (identical correct traces would otherwise
-  never let it stop; design.md section 6); with no competitor left it stops too;
+  never let it stop; docs/design.md section 6); with no competitor left it stops too;
 - otherwise it **repairs** the competitor with the highest UCB: the cut point is the
   earliest step with ``mu_t - c_cut * sigma_t < p_bad``, else the step with the largest
   ``sigma_t``; the steps before the cut are kept and ``m`` continuations are sampled from

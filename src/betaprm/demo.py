@@ -1,5 +1,5 @@
 """``betaprm demo``: the paper's Best-of-N and calibration tables in the chain-arithmetic
-world, where the truth is known (design.md section 6), on CPU.
+world, where the truth is known (docs/design.md section 6), on CPU.
 
 The pipeline uses the same ``BetaPRM``, trainer and scorer as real backbones:
 
@@ -36,7 +36,7 @@ def _f(default, help_text):
 @dataclass
 class DemoConfig:
     out: str = _f("outputs/demo", "folder for data, models, results.json and plots")
-    world_config: str | None = _f(None, "JSON file of chain-arithmetic world settings (default: design.md section 6)")
+    world_config: str | None = _f(None, "JSON file of chain-arithmetic world settings (default: docs/design.md section 6)")
     seed: int = _f(0, "random seed for problems, models and training")
     quick: bool = _f(False, "a small run (about a minute) with the same steps")
     long: bool = _f(False, "the recipe that learns the whole step check (README: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM): over an hour on 2 CPU cores, 5-6 minutes with --device cuda on one H200")

@@ -1,4 +1,4 @@
-"""Monte Carlo labelling: counts K_t of N_t for every step of a trace (design.md section 5).
+"""Monte Carlo labelling: counts K_t of N_t for every step of a trace (docs/design.md section 5).
 
 For each step t of a trace, ``n`` continuations are sampled from the prefix that ends at
 step t, through any ``Generator``; each continuation's final answer is checked against

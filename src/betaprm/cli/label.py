@@ -17,7 +17,7 @@ candidates (a list of {"steps": [...]}; candidate j becomes record ID/j). For ev
 openai or vllm), their final answers checked against the reference with math-verify;
 K_t counts the correct ones. A check that fails (math-verify error or timeout) is kept in
 mc_failed and left out of N_t, never counted as wrong. Output: training records
-(design.md section 5), appended per trace; rerunning resumes. OUT.meta.json records the
+(docs/design.md section 5), appended per trace; rerunning resumes. OUT.meta.json records the
 settings that made the records (a rerun with other settings stops and names them);
 OUT.lock keeps a second process out of --out.
 

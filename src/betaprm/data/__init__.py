@@ -1,4 +1,4 @@
-"""Records (design.md section 5): loading with validation, and converters that keep counts."""
+"""Records (docs/design.md section 5): loading with validation, and converters that keep counts."""
 
 from .records import LoadResult, Problem, Record, read_records, records_from_rows, validate_file
 

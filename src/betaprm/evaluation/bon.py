@@ -1,6 +1,6 @@
 """Best-of-N on candidate-pool files (the paper's table 1 protocol).
 
-One pool file per benchmark (design.md section 5: ``id``, ``question``, ``answer``,
+One pool file per benchmark (docs/design.md section 5: ``id``, ``question``, ``answer``,
 ``candidates`` with ``steps`` and, once scored, ``mu``/``kappa``/``sigma``). Every
 candidate's final answer is checked against the reference once; each selector picks one
 candidate per problem; selector hyperparameters (S_lin's lambda, S_RB's lambda and q) are

@@ -1,4 +1,4 @@
-"""The chain-arithmetic world (design.md section 6): problems, the policy, exact truth.
+"""The chain-arithmetic world (docs/design.md section 6): problems, the policy, exact truth.
 
 A problem is a start digit and T operations modulo ``modulus``: ``+ d`` and ``* d`` are
 *verifiable* (an observer can recompute the result), ``?`` is a *recall* step that adds
@@ -55,7 +55,7 @@ def _show(x) -> str:
 
 @dataclass
 class WorldConfig:
-    """The world's parameters (design.md section 6); JSON keys are these field names."""
+    """The world's parameters (docs/design.md section 6); JSON keys are these field names."""
 
     modulus: int = 10
     min_ops: int = 4
