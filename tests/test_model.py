@@ -231,3 +231,19 @@ def test_marker_repeat_scores_one_value_per_step(bpe_tokenizer):
     ref = torch.softmax(full[pos][:, [yes, no]], -1)[:, 0].numpy()
     assert [len(s) for s in scores] == [len(c) for c in cands]
     np.testing.assert_allclose(scores[0].mu, ref, atol=1e-6)
+
+
+def test_reward_logits_through_the_head_module_equal_the_sliced_rows(bpe_tokenizer):
+    # Under DeepSpeed ZeRO-3 (parameters carry ds_id) the reward logits come from running
+    # the output head on the marker rows: the same numbers as slicing its two rows.
+    tok = fresh_tokenizer(bpe_tokenizer)
+    prm = BetaPRM.from_backbone(tiny_causal_lm(len(tok), hidden_size=32), tok)
+    hidden = torch.randn(5, 32)
+    sliced = prm.reward_logits(hidden)
+    head = prm.backbone.get_output_embeddings()
+    head.weight.ds_id = 0
+    try:
+        through_head = prm.reward_logits(hidden)
+    finally:
+        del head.weight.ds_id
+    torch.testing.assert_close(through_head, sliced, rtol=1e-5, atol=1e-5)

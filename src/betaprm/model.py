@@ -140,6 +140,16 @@ def _single_token_id(tokenizer, word: str, role: str) -> int:
     return ids[0]
 
 
+class KappaHead(nn.Linear):
+    """The kappa head g: a float32 ``nn.Linear(H, 1)`` whose output is float32 whatever
+    the engine did to its weight. DeepSpeed's bf16 mode and FSDP2's mixed precision hand
+    the forward a bf16 weight; the input follows the weight's dtype at call time (read
+    inside this module's own forward, where ZeRO-3 has gathered the weight)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype)).float()
+
+
 class BetaPRM(nn.Module):
     """A causal-LM backbone plus a kappa head; see the module docstring."""
 
@@ -153,11 +163,17 @@ class BetaPRM(nn.Module):
         if kappa_head is None:
             # Initialised once, here, at creation: never again at train start or resume
             # (the authors' code re-initialised it on every start, wiping a trained head).
-            kappa_head = nn.Linear(hidden, 1, dtype=torch.float32)
+            kappa_head = KappaHead(hidden, 1, dtype=torch.float32)
             with torch.no_grad():
                 kappa_head.weight.zero_()
                 kappa_head.bias.fill_(_inverse_softplus(config.kappa_init - config.kappa_min))
         self.kappa_head = kappa_head.to(device=_device_of(backbone), dtype=torch.float32)
+
+    @property
+    def _no_split_modules(self):
+        """The backbone's decoder-layer classes: FSDP's transformer auto-wrap policy
+        (accelerate reads this attribute) shards layer by layer, not the model whole."""
+        return getattr(self.backbone, "_no_split_modules", None)
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -273,10 +289,15 @@ class BetaPRM(nn.Module):
         """
         head = self.backbone.get_output_embeddings()
         ids = torch.tensor(self.config.reward_token_ids, device=head.weight.device)
-        weight = head.weight.index_select(0, ids).float()  # (2, H)
-        z = hidden.float() @ weight.T
-        if getattr(head, "bias", None) is not None:
-            z = z + head.bias.index_select(0, ids).float()
+        if hasattr(head.weight, "ds_id"):
+            # DeepSpeed ZeRO-3: the weight is whole only inside the head's own forward (and
+            # its backward), so the head runs on the marker rows and the two columns are kept.
+            z = head(hidden.to(head.weight.dtype)).float().index_select(-1, ids)
+        else:
+            weight = head.weight.index_select(0, ids).float()  # (2, H)
+            z = hidden.float() @ weight.T
+            if getattr(head, "bias", None) is not None:
+                z = z + head.bias.index_select(0, ids).float()
         cfg = getattr(self.backbone.config, "get_text_config", lambda: self.backbone.config)()
         scale = getattr(cfg, "logit_scale", None)  # Cohere
         if scale is not None:
@@ -288,7 +309,7 @@ class BetaPRM(nn.Module):
 
     def kappa_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``."""
-        return F.softplus(self.kappa_head(hidden.float()).squeeze(-1)) + self.config.kappa_min
+        return F.softplus(self.kappa_head(hidden).squeeze(-1)) + self.config.kappa_min
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_hidden: bool = False, detach_kappa: bool = False, **backbone_inputs) -> BetaPRMOutput:
         """Scores at every marker of a right- or left-padded batch ``input_ids`` (B, S).
@@ -402,7 +423,7 @@ class BetaPRM(nn.Module):
                 f"the model was trained with {config.marker_id}/{config.reward_token_ids}; the tokenizer "
                 "files do not belong to this checkpoint"
             )
-        head = nn.Linear(_hidden_size(backbone), 1, dtype=torch.float32)
+        head = KappaHead(_hidden_size(backbone), 1, dtype=torch.float32)
         try:
             head.load_state_dict(load_file(path / HEAD_NAME))
         except (OSError, SafetensorError, RuntimeError) as e:  # missing, truncated, or another model's head

@@ -138,7 +138,8 @@ def save_state(state_dict: dict, path) -> None:
     save_file(out, str(path), metadata={"format": "pt", "betaprm_aliases": json.dumps(aliases)})
 
 
-def load_state(model: nn.Module, path) -> None:
+def read_state(path) -> dict:
+    """The full state dict ``save_state`` wrote, aliases restored."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -147,7 +148,19 @@ def load_state(model: nn.Module, path) -> None:
     sd = load_file(str(path))
     for k, src in aliases.items():
         sd[k] = sd[src]
-    model.load_state_dict(sd, strict=True)
+    return sd
+
+
+def load_state(model: nn.Module, path, sharded: bool = False) -> None:
+    """Load a full state dict into ``model``; ``sharded``: an FSDP model, whose parameters
+    are shards (DTensors), filled through torch's distributed state-dict API."""
+    sd = read_state(path)
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=True))
+    else:
+        model.load_state_dict(sd, strict=True)
 
 
 # ---------------------------------------------------------------------- trainer
@@ -296,7 +309,7 @@ def _trainer_class():
             path = Path(resume_from_checkpoint) / STATE_NAME
             if not path.is_file():
                 raise BetaPRMInputError(f"{resume_from_checkpoint} is not a betaprm training checkpoint: {STATE_NAME} is missing")
-            load_state(model if model is not None else self.model, path)
+            load_state(model if model is not None else self.model, path, sharded=self.is_fsdp_enabled)
 
     return BetaPRMTrainer
 
@@ -609,7 +622,10 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
     # The final model: a BetaPRM directory (LoRA merged into the backbone; sharded
     # DeepSpeed ZeRO-3 / FSDP weights gathered first, a collective on every rank).
     sharded = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
-    full_state = trainer.accelerator.get_state_dict(trainer.model) if sharded else None
+    # accelerate gathers ZeRO-3 weights through the DeepSpeed engine (model_wrapped), FSDP's
+    # through the model itself, as the Trainer's own save_model does.
+    engine = trainer.model_wrapped if trainer.is_deepspeed_enabled else trainer.model
+    full_state = trainer.accelerator.get_state_dict(engine) if sharded else None
     if hasattr(prm.backbone, "merge_and_unload"):
         prm.backbone = prm.backbone.merge_and_unload()
     if trainer.args.should_save:
