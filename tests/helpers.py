@@ -1,7 +1,10 @@
 """Shared builders for training tests: a tiny causal-LM directory and a counts file."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
@@ -34,3 +37,9 @@ def make_counts(path: Path, n=96, seed=0, n_mc=8) -> Path:
                 ks.append(sum(rng.random() < q for _ in range(n_mc)))
             f.write(json.dumps({"id": f"r{i}", "question": "add these", "steps": steps, "mc_correct": ks, "mc_total": n_mc}) + "\n")
     return path
+
+
+def run_cli(*args, cwd=None, timeout=300):
+    """``python -m betaprm ARGS`` in a fresh process; the CompletedProcess with its text output."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)

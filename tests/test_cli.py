@@ -9,10 +9,7 @@ import torch
 
 from betaprm.cli import main
 
-
-def run_cli(*args, cwd=None, timeout=300):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+from .helpers import run_cli
 
 
 def test_help_lists_commands_and_options():
