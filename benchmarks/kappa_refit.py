@@ -54,7 +54,9 @@ def main(argv=None):
 
     from betaprm.beta import beta_binomial_nll, beta_std, evidence_regularizer
     from betaprm.train import TrainConfig
-    from betaprm.demo import DemoConfig, _calibration, demo_data
+    from betaprm.synth.diagnostics import calibration
+    from betaprm.synth.experiment import demo_data
+    from betaprm.synth.recipe import DemoConfig
     from betaprm.formatting import encode_traces
     from betaprm.model import BetaPRM
     from betaprm.scoring import StepScores
@@ -128,7 +130,7 @@ def main(argv=None):
         prm.kappa_head = head
         test_sc = scores(test_f)
         pooled = [test_sc[i * k_per : (i + 1) * k_per] for i in range(len(test_pools))]
-        cal, _ = _calibration(test_pools, pooled, held_records, scores(held_f), beta=True)
+        cal, _ = calibration(test_pools, pooled, held_records, scores(held_f), beta=True)
         out[name] = {key: cal[key] for key in ("mu_mae_bayes", "bb_nll", "spearman_kappa_bayes", "spearman_kappa_bayes_unsettled", "share_settled", "spearman_kappa_parity_check",
                                                "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90", "kappa_median")}
     # Is the interval too wide for this mu, or is kappa too low? The trained head's kappa times
@@ -145,7 +147,7 @@ def main(argv=None):
 
     for scale in a.scales:
         pooled = [[scaled(s_, scale) for s_ in test_sc[i * k_per : (i + 1) * k_per]] for i in range(len(test_pools))]
-        cal, _ = _calibration(test_pools, pooled, held_records, [scaled(s_, scale) for s_ in held_sc], beta=True)
+        cal, _ = calibration(test_pools, pooled, held_records, [scaled(s_, scale) for s_ in held_sc], beta=True)
         out["kappa_scaled"].append({"scale": scale, "coverage90": cal["coverage90"], "width90": cal["width90"], "bb_nll": cal["bb_nll"]})
     out["bayes_beta"] = {"coverage90": cal["bayes_beta_coverage90"], "width90": cal["bayes_beta_width90"], "bayes_width90": cal["bayes_width90"]}
     out["demo_results"] = {key: res0["calibration"]["betaprm"][key] for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll")}

@@ -28,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from betaprm.demo import DemoConfig, _backbone, _pools, _records, _step_diagnostics, _train_prm, _train_traces, clean_prefix_steps, parity_split_auroc
+from betaprm.synth.diagnostics import clean_prefix_steps, parity_split_auroc, step_diagnostics
+from betaprm.synth.experiment import label_records, sample_pools, split_seeds, training_traces
+from betaprm.synth.recipe import DemoConfig
+from betaprm.synth.training import build_backbone, train_prm
 from betaprm.evaluation.metrics import within_problem_auroc
 from betaprm.scoring import score_traces
 from betaprm.synth import SynthPolicy, World
@@ -137,15 +140,16 @@ def main(argv=None):
     t_all = time.perf_counter()
 
     # the demo's training data (same seeds), then backbone and one PRM
-    s = cfg.seed * 7919
-    train_p = world.sample_problems(cfg.n_train_problems, s + 1, "train")
-    traces = _train_traces(world, train_p, cfg, s + 12)
-    records = _records(world, SynthPolicy(world, seed=s + 11), traces, world.cfg.mc_n, "train")
+    seeds = split_seeds(cfg.seed)
+    train_p = world.sample_problems(cfg.n_train_problems, seeds.train_problems, "train")
+    traces = training_traces(world, train_p, seeds.train_policy, cfg.error_boost, cfg.traces_per_train_problem, cfg.train_near_miss)
+    records = label_records(world, SynthPolicy(world, seed=seeds.label_policy), traces, world.cfg.mc_n, "train")
     with open(out / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
-    backbone, tokenizer, eff = _backbone(cfg, cfg, world, traces, out, print, cfg.torch_device())
+    backbone, tokenizer, eff = build_backbone(cfg, cfg, world, traces, out, print, cfg.torch_device())
+    s = cfg.seed * 7919  # the probe's own problems: seeds apart from every split's
     eval_p = world.sample_problems(a.eval_problems, s + 4242, "probe")
-    pools = _pools(world, SynthPolicy(world, seed=s + 4243), eval_p, a.eval_traces)
+    pools = sample_pools(world, SynthPolicy(world, seed=s + 4243), eval_p, a.eval_traces)
     res = {"config": asdict(cfg), "objective": a.objective, "eval_problems": a.eval_problems, "eval_traces": a.eval_traces}
     res["backbone_surprise_first_error_auroc"] = first_error_split(pools, backbone_surprise(backbone, tokenizer, pools, cfg.marker_repeat))
     k = a.eval_traces
@@ -156,16 +160,16 @@ def main(argv=None):
         scores = score_traces(prm, eval_traces, batch_size=64)
         mu = [[sc.mu for sc in scores[i * k : (i + 1) * k]] for i in range(len(pools))]
         return {"within_problem_auroc": within_problem_auroc([[m[-1] for m in pm] for pm in mu], labels),
-                **{k2: v for k2, v in _step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
-                "mu_mae_bayes": float(np.mean(np.abs(np.concatenate([m for pm in mu for m in pm]) - np.concatenate([b[0] for p in pools for b in p.bayes]))))}
+                **{k2: v for k2, v in step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
+                "mu_mae_bayes": float(np.mean(np.abs(np.concatenate([m for pm in mu for m in pm]) - np.concatenate([b.mean for p in pools for b in p.bayes]))))}
 
-    for obs, get in (("bayes", lambda p: [b[0] for b in p.bayes]), ("parity_check", lambda p: [m[0] for m in p.parity])):
+    for obs, get in (("bayes", lambda p: [b.mean for b in p.bayes]), ("parity_check", lambda p: [m.mean for m in p.parity])):
         beliefs = [get(p) for p in pools]
         res[obs] = {"within_problem_auroc": within_problem_auroc([[b[-1] for b in bp] for bp in beliefs], labels),
-                    **{k2: v for k2, v in _step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")}}
+                    **{k2: v for k2, v in step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")}}
     res["curve"] = []
     callbacks = [eval_every_callback(a.eval_every, prm_metrics, res, out, t_all)] if a.eval_every else None
-    prm, _ = _train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print, callbacks=callbacks)
+    prm, _ = train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print, callbacks=callbacks)
     res["prm"] = prm_metrics(prm)
     res["seconds"] = round(time.perf_counter() - t_all, 1)
     res["finished"] = True

@@ -251,3 +251,33 @@ def test_cli_aca_plot_against_a_best_of_n_baseline(tmp_path):
     assert (tmp_path / "p" / "aca_tokens.png").stat().st_size > 0
     recs = [json.loads(line) for line in (tmp_path / "bon.jsonl").read_text().splitlines()]
     assert all(r["candidates"][r["chosen"]]["correct"] == r["correct"] for r in recs)
+
+
+def test_tune_rb_on_world_uses_the_validation_split_only():
+    """S_RB's (lambda, tau) come from Best-of-budget pools of the world's validation
+    problems (the demo's split seeds), which are the only traces scored."""
+    from betaprm.aca import tune_rb_on_world
+    from betaprm.selection import PAPER_LAMBDAS, PAPER_QS
+
+    world = World()
+    from betaprm.synth.experiment import split_seeds
+
+    val = world.sample_problems(20, split_seeds(5).val_problems, "val")
+    scorer = BayesScorer(world, val)  # a question outside the validation split raises KeyError
+    res = tune_rb_on_world(world, scorer, 4, 5, n_val=20)
+    assert scorer.n_scored == 20 * 4
+    assert res.lam in PAPER_LAMBDAS and res.q in PAPER_QS and np.isfinite(res.tau)
+    fixed = tune_rb_on_world(world, BayesScorer(world, val), 4, 5, lam=0.7, n_val=20)
+    assert fixed.lam == 0.7
+
+
+def test_best_of_n_curve_picks_through_the_selector_registry():
+    from betaprm.aca import best_of_n_curve
+
+    def cand(mu, correct, n):
+        return {"mu": mu, "kappa": [4.0] * len(mu), "sigma": [0.1] * len(mu), "correct": correct, "n_tokens": n, "answer": None}
+
+    recs = [{"candidates": [cand([0.2], False, 3), cand([0.9], True, 5)]},
+            {"candidates": [cand([0.8], True, 2), cand([0.1], None, 4)]}]  # a failed check is never counted right
+    xs, ys = best_of_n_curve(recs, "mean")
+    assert xs == [5, 14] and ys == [0.5, 1.0]

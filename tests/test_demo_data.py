@@ -5,7 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from betaprm.demo import DemoConfig, _records, _train_traces
+from betaprm.synth.experiment import label_records, training_traces
+from betaprm.synth.recipe import DemoConfig
 from betaprm.errors import BetaPRMInputError
 from betaprm.synth import SynthPolicy, World
 
@@ -26,7 +27,7 @@ def test_train_near_miss_changes_the_training_traces_only():
     w = World()
     problems = w.sample_problems(300, 5, "t")
     cfg = replace(DemoConfig(), traces_per_train_problem=2)
-    default = _train_traces(w, problems, cfg, 12)
+    default = training_traces(w, problems, 12, cfg.error_boost, cfg.traces_per_train_problem, cfg.train_near_miss)
     policy = SynthPolicy(w, seed=12, error_boost=cfg.error_boost)
     same = [t for p in problems for t in policy.sample_traces(p, 2)]
     assert [t.steps for t in default] == [t.steps for t in same]  # the default is the world's own offset mix
@@ -35,13 +36,13 @@ def test_train_near_miss_changes_the_training_traces_only():
     near = np.isin(off, (1, w.M - 1)).sum() / max((off > 0).sum(), 1)
     assert 0.45 < near < 0.75  # the world's near_miss, 0.6
 
-    far = _train_traces(w, problems, replace(cfg, train_near_miss=0.0), 12)
+    far = training_traces(w, problems, 12, cfg.error_boost, cfg.traces_per_train_problem, 0.0)
     off = _offsets(w, far)
     assert (off > 0).sum() > 100 and not np.isin(off, (1, w.M - 1)).any()
     assert ((off > 0) & (off % 2 == 0)).sum() > 50  # errors that keep the parity of the result
 
     # The labels still come from the world's policy: an answer step's count is all or nothing.
-    recs = _records(w, SynthPolicy(w, seed=11), far[:40], 8, "x")
+    recs = label_records(w, SynthPolicy(w, seed=11), far[:40], 8, "x")
     for t, r in zip(far[:40], recs):
         assert r["mc_correct"][-1] == (8 if t.correct else 0)
 
@@ -88,19 +89,20 @@ def test_parity_observer_benchmark(capsys):
 
 
 def test_step_diagnostics_split_by_offset_parity_only_for_an_even_modulus():
-    from betaprm.demo import _pools, _step_diagnostics
+    from betaprm.synth.diagnostics import step_diagnostics
+    from betaprm.synth.experiment import sample_pools
     from betaprm.synth import WorldConfig
 
     for modulus in (5, 6):
         w = World(WorldConfig(modulus=modulus))
-        pools = _pools(w, SynthPolicy(w, seed=1, error_boost=3.0), w.sample_problems(80, 2, "d"), 6)
-        d = _step_diagnostics(pools, [[b[0] for b in p.bayes] for p in pools])
+        pools = sample_pools(w, SynthPolicy(w, seed=1, error_boost=3.0), w.sample_problems(80, 2, "d"), 6)
+        d = step_diagnostics(pools, [[b.mean for b in p.bayes] for p in pools])
         assert d["first_error_auroc"] > 0.9
         if modulus == 5:
             assert "first_error_auroc_odd" not in d and not pools[0].parity
         else:
             assert d["first_error_auroc_odd"] > 0.9 and d["first_error_auroc_even"] > 0.9
-            par = _step_diagnostics(pools, [[m[0] for m in p.parity] for p in pools])
+            par = step_diagnostics(pools, [[m.mean for m in p.parity] for p in pools])
             assert par["first_error_auroc_odd"] > 0.9 and par["first_error_auroc_even"] < 0.7
 
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from betaprm.demo import PRM_JOBS, DemoConfig, _backbone, _train_prms, demo_data
+from betaprm.synth.experiment import demo_data
+from betaprm.synth.recipe import DemoConfig
+from betaprm.synth.training import PRM_JOBS, build_backbone, train_prms
 from betaprm.synth import World
 
 
@@ -22,7 +24,7 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
     par, seq = tmp_path / "par", tmp_path / "seq"
     par.mkdir()
     (par / "train_counts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    _backbone(eff, eff, world, traces, par, lambda *a: None)
+    build_backbone(eff, eff, world, traces, par, lambda *a: None)
     seq.mkdir()
     shutil.copytree(par / "backbone", seq / "backbone")
     shutil.copy(par / "train_counts.jsonl", seq)
@@ -31,10 +33,10 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
     lines = []
     try:
         torch.set_num_threads(2)  # the parallel path, with one thread per worker, on any machine
-        models, histories, scores = _train_prms(eff, par, 3, "cpu", lines.append, to_score)
+        models, histories, scores = train_prms(eff, par, 3, "cpu", lines.append, to_score)
         torch.set_num_threads(1)  # one after the other in this process (the --no-parallel-prms path)
         seq_lines = []
-        ref_models, ref_histories, ref_all = _train_prms(replace(eff, parallel_prms=False), seq, 3, "cpu", seq_lines.append, to_score)
+        ref_models, ref_histories, ref_all = train_prms(replace(eff, parallel_prms=False), seq, 3, "cpu", seq_lines.append, to_score)
         assert seq_lines[-1].startswith("scored 64 candidates (") and "same time" not in seq_lines[-1]
         for name, objective in PRM_JOBS:
             prm, history, ref_scores = ref_models[name], ref_histories[name], ref_all[name]
@@ -60,6 +62,6 @@ def test_a_failing_worker_is_named(tmp_path):
     try:
         torch.set_num_threads(2)
         with pytest.raises(RuntimeError, match=r"training the (standard_prm|betaprm) PRM failed in its worker process"):
-            _train_prms(eff, tmp_path, 0, "cpu", lambda *a: None, [])
+            train_prms(eff, tmp_path, 0, "cpu", lambda *a: None, [])
     finally:
         torch.set_num_threads(threads)

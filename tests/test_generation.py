@@ -158,7 +158,7 @@ def test_openai_client_retries_server_errors(problems):
 
 @pytest.mark.parametrize(
     "mode, message",
-    [("stall", "no answer within 0.5 s after 2 attempts"), ("garbage", "not JSON"), ("reject", "HTTP 400: .*model not found")],
+    [("stall", "no answer within 0.5 s after 2 attempts"), ("garbage", "not JSON"), ("reject", "HTTP 400: .*model not found.*check --policy 'synth-policy', the served model name")],
 )
 def test_openai_client_clear_errors(problems, mode, message):
     srv = _Server(problems, mode=mode)

@@ -1,5 +1,8 @@
 """Selectors on hand-computed pools."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -104,3 +107,21 @@ def test_tune_picks_from_the_paper_grid_on_validation():
     assert (lin.lam, lin.val_accuracy) == (0.7, 1.0)
     with pytest.raises(ValueError, match="2 scored candidates but 1"):
         tune(pools, [[True], [True, False]])
+
+
+def test_selection_and_aca_import_without_torch():
+    """Selection and ACA work on numpy value types (betaprm.types): importing them must not
+    load torch."""
+    code = "import betaprm.selection, betaprm.aca, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_value_types_are_reexported():
+    import betaprm
+    import betaprm.aca
+    import betaprm.scoring
+    import betaprm.types
+
+    assert betaprm.scoring.StepScores is betaprm.types.StepScores is betaprm.StepScores is StepScores
+    assert betaprm.aca.Task is betaprm.types.Task

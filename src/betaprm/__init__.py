@@ -1,10 +1,23 @@
-"""betaprm: process reward models that report how reliable each step reward is."""
+"""betaprm: process reward models that report how reliable each step reward is.
 
-from .beta import beta_binomial_nll, beta_interval, beta_std, evidence_regularizer, soft_ce_loss
+The torch-free names (``StepScores``, ``TraceFormat``, ...) are imported here; the model
+and the Beta losses are imported on first use, so ``import betaprm.selection`` (or ACA,
+or the CLI's argument parsing) does not load torch.
+"""
+
 from .errors import BetaPRMInputError
 from .formatting import TraceFormat, format_trace
-from .model import BetaPRM, BetaPRMConfig
-from .scoring import StepScores
+from .types import StepScores
+
+_LAZY = {
+    "BetaPRM": "model",
+    "BetaPRMConfig": "model",
+    "beta_binomial_nll": "beta",
+    "beta_interval": "beta",
+    "beta_std": "beta",
+    "evidence_regularizer": "beta",
+    "soft_ce_loss": "beta",
+}
 
 __all__ = [
     "BetaPRM",
@@ -19,3 +32,17 @@ __all__ = [
     "format_trace",
     "soft_ce_loss",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -33,24 +33,20 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
-from .scoring import StepScores
+from .options import opt as _f
 from .selection import METHODS, candidate_scores
+from .types import StepScores, Task
 
 UNCERTAINTIES = ("learned", "proxy", "none")
 
 Scorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[StepScores]]
 """Scores ``(question, steps)`` traces, one ``StepScores`` per trace (``PRMScorer``)."""
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -94,16 +90,6 @@ class ACAConfig:
         """Plain Best-of-N through the same code: all ``budget`` candidates at once."""
         budget = kw.pop("budget", 16)
         return cls(n0=budget, budget=budget, early_stop=False, repair=False, **kw)
-
-
-@dataclass
-class Task:
-    """One problem: ``handle`` is passed to the generator (the synthetic world's Problem)."""
-
-    id: str
-    question: str
-    answer: Any = None
-    handle: Any = None
 
 
 @dataclass
@@ -321,3 +307,45 @@ def summarize(records: Sequence[dict]) -> dict:
         "stop_reasons": reasons,
     }
 
+
+
+def tune_rb_on_world(world, scorer: Scorer, budget: int, seed: int, lam: float | None = None, n_val: int = 300):
+    """S_RB's (lambda, tau) tuned on Best-of-``budget`` pools of the chain-arithmetic
+    world's validation split, never on its test problems; returns ``selection.tune``'s
+    ``TuneResult``. The validation problems and pool policy are those ``betaprm demo --seed
+    SEED`` tunes on (``synth.experiment.split_seeds``). ``lam`` fixes lambda (None: lambda is
+    tuned with tau)."""
+    from .selection import tune
+    from .synth import SynthPolicy
+    from .synth.experiment import split_seeds
+
+    seeds = split_seeds(seed)
+    val = world.sample_problems(n_val, seeds.val_problems, "val")
+    pol = SynthPolicy(world, seed=seeds.pool_policy)
+    pools = [pol.sample_traces(p, budget) for p in val]
+    flat = scorer([(p.question, t.steps) for p, ts in zip(val, pools) for t in ts])
+    k = budget
+    scored = [flat[i * k : (i + 1) * k] for i in range(len(val))]
+    return tune(scored, [[t.correct for t in ts] for ts in pools], "rb", **({"lambdas": (lam,)} if lam is not None else {}))
+
+
+def best_of_n_curve(records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None) -> tuple[list[int], list[float]]:
+    """Accuracy against generated tokens of Best-of-n for n = 1 .. the smallest pool, from
+    the records of a ``best-of-n`` run (their first n candidates, picked by the selector
+    ``method`` of ``betaprm.selectors`` with ``lam`` and ``tau``)."""
+    from types import SimpleNamespace
+
+    from .selectors import hit
+
+    tuned = {method: SimpleNamespace(lam=lam, tau=tau)}
+    xs, ys = [], []
+    for n in range(1, min(len(r["candidates"]) for r in records) + 1):
+        hits, toks = [], 0
+        for r in records:
+            cands = r["candidates"][:n]
+            pool = [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in cands]
+            hits.append(bool(hit(method, [c.get("answer") for c in cands], [c["correct"] for c in cands], pool, tuned)))
+            toks += sum(c["n_tokens"] for c in cands)
+        xs.append(toks)
+        ys.append(float(np.mean(hits)))
+    return xs, ys

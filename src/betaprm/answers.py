@@ -304,7 +304,8 @@ class LLMJudge:
 
         # The key goes only where it is given (the CLI reads it from --api-key-env);
         # a judge that redirects is refused, never followed (BetaPRMInputError).
-        self.client = OpenAIGenerator(base_url, model, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries, url_flag="--judge-url")
+        self.client = OpenAIGenerator(base_url, model, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries,
+                                     url_flag="--judge-url", model_flag="--judge-model")
         self.concurrency = concurrency
         self.failed = 0
 

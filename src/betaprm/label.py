@@ -34,6 +34,42 @@ class LabelItem:
     source: str | None = None
 
 
+def read_traces(path: str, marker: str = "<prm>") -> list:
+    """Traces to label, with file:line errors. Steps and questions may not hold ``marker``
+    (the records written would not train); non-string fields are refused, never
+    converted."""
+    from .data.records import problem_fields, read_objects
+    from .errors import BetaPRMInputError
+
+    items, seen = [], set()
+    for where, r in read_objects(path, ("id", "question", "answer"), "id, question, answer and steps or candidates", flag="--input"):
+        rid, question, answer = problem_fields(r, where, marker)
+        source = r.get("source")
+        if source is not None and not isinstance(source, str):
+            raise BetaPRMInputError(f"{where}: field 'source' must be a string, got {type(source).__name__}; fix: write the subset name as a string")
+        if "steps" in r:
+            traces = [(rid, "steps", r["steps"])]
+        elif isinstance(r.get("candidates"), list) and r["candidates"]:
+            traces = []
+            for j, c in enumerate(r["candidates"]):
+                if not isinstance(c, dict):
+                    raise BetaPRMInputError(f"{where}: field 'candidates[{j}]' must be an object {{\"steps\": [...]}}, got {type(c).__name__}")
+                traces.append((f"{rid}/{j}", f"candidates[{j}].steps", c.get("steps")))
+        else:
+            raise BetaPRMInputError(f"{where}: neither 'steps' nor a non-empty 'candidates' list is present; fix: give the trace's steps or candidates with steps")
+        for tid, field_name, steps in traces:
+            if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+                raise BetaPRMInputError(f"{where}: field '{field_name}' (trace {tid!r}) must be a non-empty list of non-empty strings")
+            if any(marker in s for s in steps):
+                k = next(k for k, s in enumerate(steps) if marker in s)
+                raise BetaPRMInputError(f"{where}: field '{field_name}[{k}]' contains the marker text {marker!r}; fix: remove it (records holding it cannot be trained on)")
+            if tid in seen:
+                raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")
+            seen.add(tid)
+            items.append(LabelItem(tid, question, list(steps), answer, source=source))
+    return items
+
+
 def _seed(seed: int, item_id: str, t: int) -> int:
     return zlib.crc32(f"{seed}/{item_id}/{t}".encode()) & 0x7FFFFFFF
 

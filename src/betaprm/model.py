@@ -439,6 +439,27 @@ class BetaPRM(nn.Module):
         return model.eval()
 
 
+def load_prm(path, device, trust_remote_code: bool = False) -> tuple[BetaPRM, str]:
+    """A PRM for scoring, in eval mode on ``device``: ``(prm, kind)``. ``kind`` is
+    ``beta`` (a BetaPRM trained with the beta-binomial objective), ``standard`` (a BetaPRM
+    trained with another objective, per its ``train_summary.json``) or ``zero-shot`` (a
+    plain causal LM wrapped on the fly, scored by its Yes/No logits at each marker)."""
+    if (Path(path) / CONFIG_NAME).is_file():
+        prm = BetaPRM.from_pretrained(path, device=device, trust_remote_code=trust_remote_code)
+        summary = Path(path) / "train_summary.json"
+        objective = "beta-binomial"
+        if summary.is_file():
+            from .data.records import load_json_file
+
+            data = load_json_file(summary, what="a training summary")
+            objective = data.get("config", {}).get("objective") if isinstance(data, dict) and isinstance(data.get("config"), dict) else None
+            if objective is None:
+                raise BetaPRMInputError(f"{summary}: no config.objective in this training summary; restore the file written by betaprm train")
+        return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
+    prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)
+    return prm.to(device).eval(), "zero-shot"
+
+
 def _hidden_size(backbone) -> int:
     emb = backbone.get_output_embeddings()
     if emb is None or not hasattr(emb, "weight"):

@@ -7,51 +7,16 @@ small, and results returned in the caller's order.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from ._batching import _autocast, split_by_trace
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
+from .types import StepScores
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "PRMScorer", "StepScores", "score_token_ids", "score_traces", "token_batches"]
-
-
-@dataclass
-class StepScores:
-    """The Beta belief at each step of one trace: float64 numpy arrays of shape (T,)."""
-
-    mu: np.ndarray
-    kappa: np.ndarray
-    sigma: np.ndarray
-
-    def __post_init__(self):
-        self.mu = np.asarray(self.mu, dtype=np.float64)
-        self.kappa = np.asarray(self.kappa, dtype=np.float64)
-        if self.sigma is None:
-            self.sigma = np.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
-        self.sigma = np.asarray(self.sigma, dtype=np.float64)
-        if not (self.mu.shape == self.kappa.shape == self.sigma.shape) or self.mu.ndim != 1:
-            raise ValueError(f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}")
-
-    @classmethod
-    def from_mu_kappa(cls, mu, kappa) -> StepScores:
-        return cls(mu, kappa, None)
-
-    def __len__(self) -> int:
-        return len(self.mu)
-
-    def to_dict(self) -> dict:
-        return {"mu": self.mu.tolist(), "kappa": self.kappa.tolist(), "sigma": self.sigma.tolist()}
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _pad_id(tokenizer) -> int:
@@ -75,13 +40,6 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (longest first)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def split_by_trace(out, n: int) -> list[StepScores]:
-    """A forward pass's per-marker outputs (row-major) -> one ``StepScores`` per trace."""
-    counts = torch.bincount(out.row, minlength=n).tolist()
-    mus, kappas = out.mu.detach().float().cpu().split(counts), out.kappa.detach().float().cpu().split(counts)
-    return [StepScores.from_mu_kappa(m.numpy(), k.numpy()) for m, k in zip(mus, kappas)]
 
 
 DEFAULT_MAX_BATCH_TOKENS = 16384

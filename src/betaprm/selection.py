@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scoring import StepScores
+from .types import StepScores
 
 __all__ = [
     "METHODS",

@@ -36,8 +36,9 @@ from fastapi import Request
 
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
-from .scoring import DEFAULT_MAX_BATCH_TOKENS, StepScores, max_positions, score_token_ids
+from .scoring import DEFAULT_MAX_BATCH_TOKENS, max_positions, score_token_ids
 from .selection import METHODS, candidate_scores
+from .types import StepScores
 
 __all__ = ["ServeSettings", "create_app", "trace_scores"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -26,13 +26,10 @@ from torch import nn
 
 from .beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
 from .errors import BetaPRMInputError, TrainingDivergedError
+from .options import opt as _f
 
 OBJECTIVES = ("beta-binomial", "soft-ce", "hard-ce")
 STATE_NAME = "model.safetensors"
-
-
-def _f(default, help_text, **kw):
-    return field(default=default, metadata={"help": help_text, **kw})
 
 
 @dataclass

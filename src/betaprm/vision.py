@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ._batching import _autocast, split_by_trace
 from .errors import BetaPRMInputError
 
 VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.")  # the vision encoders
@@ -151,8 +152,6 @@ def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8, progress
 
     Batches hold ``batch_size`` traces: an image's token count is only known after the
     processor has run, so vision-language scoring is not packed by tokens."""
-    from .scoring import _autocast, split_by_trace
-
     out: list = []
     was = prm.training
     prm.eval()

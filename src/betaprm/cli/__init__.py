@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..errors import BetaPRMInputError, TrainingDivergedError
@@ -34,7 +35,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Library progress (the ``betaprm`` loggers at INFO) printed as plain lines on the
+    current ``sys.stdout``, looked up at each record (tests swap it)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
+def _configure_logging() -> None:
+    root = logging.getLogger("betaprm")
+    if not any(isinstance(h, _StdoutHandler) for h in root.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
 def main(argv=None) -> int:
+    _configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

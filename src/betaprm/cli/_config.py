@@ -2,7 +2,8 @@
 
 Every field becomes ``--field-name`` with its ``metadata["help"]``; booleans get
 ``--flag/--no-flag``. ``--config FILE.yaml`` (or .json) supplies defaults, flags given
-on the command line override them, and unknown keys in the file are an error.
+on the command line override them, and unknown keys in the file are an error. Config
+fields are made with ``opt(default, help_text)`` (``betaprm.options``, re-exported here).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import get_type_hints
 
 from ..errors import BetaPRMInputError
+from ..options import opt
+
+__all__ = ["add_config_args", "config_from_args", "load_config_file", "opt"]
 
 
 def _flag(name: str) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..generation.factory import BackendOptions
+from ..options import opt as _f
 
 HELP = "Adaptive Computation Allocation: Best-of-N that stops early and repairs uncertain prefixes"
 DESCRIPTION = """Run ACA (paper section 5) with a trained PRM as the scorer.
@@ -31,10 +32,6 @@ the final choice falls back to S_lin and says so."""
 from ._scoring import BatchOptions
 
 VARIANTS = ("aca", "no-early-stop", "reward-only", "proxy", "best-of-n")
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -98,9 +95,9 @@ def add_arguments(parser):
 
 def read_problems(path: str) -> list:
     """Text problems (id, question, answer) with file:line errors."""
-    from ..aca import Task
     from ..errors import BetaPRMInputError
     from ..data.records import problem_fields, read_objects
+    from ..types import Task
 
     tasks, seen = [], set()
     for where, r in read_objects(path, ("id", "question", "answer"), "id, question and answer (the reference, for ACA's accuracy)", flag="--problems"):
@@ -140,7 +137,7 @@ def run(args):
 def _run(cfg):
     import torch
 
-    from ..aca import run_aca, summarize
+    from ..aca import run_aca, summarize, tune_rb_on_world
     from ..generation.factory import build_generator
     from ..model import BetaPRM
     from ..scoring import PRMScorer
@@ -159,13 +156,17 @@ def _run(cfg):
         )
 
         world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else World().cfg)
-        s = cfg.seed * 7919  # the demo's split seeds
-        tasks = synth_tasks(world.sample_problems(cfg.n_problems, s + 3, "test"))
+        from ..synth.experiment import split_seeds
+
+        tasks = synth_tasks(world.sample_problems(cfg.n_problems, split_seeds(cfg.seed).test_problems, "test"))
         tok = prm.tokenizer
         generator = build_generator(cfg, world, count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), seed=cfg.seed)
         answer_of, is_correct = synth_answer, synth_is_correct
         if cfg.final == "rb" and final_tau is None:
-            final_lam, final_tau = _tune_rb_on_world(world, prm, scorer, cfg, s, final_lam)
+            n_val = 300
+            res = tune_rb_on_world(world, scorer, cfg.budget, cfg.seed, final_lam, n_val=n_val)
+            print(f"S_RB tuned on {n_val} validation problems: lambda {res.lam}, tau {res.tau:.4f} (q {res.q}), validation accuracy {res.val_accuracy:.3f}")
+            final_lam, final_tau = res.lam, res.tau
     else:
         from ..answers import AnswerChecker, final_answer
 
@@ -198,11 +199,8 @@ def _plot(cfg, records, s, final_lam, final_tau):
     best-of-n run's records (its first n candidates, the same final selector)."""
     from pathlib import Path
 
-    import numpy as np
-
+    from ..aca import best_of_n_curve
     from ..evaluation import plots
-    from ..scoring import StepScores
-    from ..selection import candidate_scores
 
     curve = {}
     if cfg.baseline:
@@ -210,34 +208,6 @@ def _plot(cfg, records, s, final_lam, final_tau):
 
         base = [r for _, r in read_objects(cfg.baseline, ("id",), "an ACA record of a --variant best-of-n run", "--baseline")]
         method = cfg.final if final_tau is not None or cfg.final != "rb" else "lin"
-        xs, ys = [], []
-        for n in range(1, min(len(r["candidates"]) for r in base) + 1):
-            hits, toks = [], 0
-            for r in base:
-                cands = r["candidates"][:n]
-                pool = [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in cands]
-                k = int(np.argmax(candidate_scores(pool, method, final_lam if final_lam is not None else 0.5, final_tau)))
-                hits.append(bool(cands[k]["correct"]))
-                toks += sum(c["n_tokens"] for c in cands)
-            xs.append(toks)
-            ys.append(float(np.mean(hits)))
-        curve["Best-of-n (baseline records)"] = (xs, ys)
+        curve["Best-of-n (baseline records)"] = best_of_n_curve(base, method, final_lam if final_lam is not None else 0.5, final_tau)
     Path(cfg.plots).mkdir(parents=True, exist_ok=True)
     plots.best_of_n_curves(curve, Path(cfg.plots) / "aca_tokens.png", points={cfg.variant: (s["tokens"], s["acc"])}, xlabel="generated tokens")
-
-
-def _tune_rb_on_world(world, prm, scorer, cfg, s, lam):
-    """S_RB's (lambda, tau) tuned on Best-of-budget pools of the world's validation split
-    (the demo's), never on the test problems."""
-    from ..selection import tune
-    from ..synth import SynthPolicy
-
-    val = world.sample_problems(300, s + 2, "val")
-    pol = SynthPolicy(world, seed=s + 13)
-    pools = [pol.sample_traces(p, cfg.budget) for p in val]
-    flat = scorer([(p.question, t.steps) for p, ts in zip(val, pools) for t in ts])
-    k = cfg.budget
-    scored = [flat[i * k : (i + 1) * k] for i in range(len(val))]
-    res = tune(scored, [[t.correct for t in ts] for ts in pools], "rb", **({"lambdas": (lam,)} if lam is not None else {}))
-    print(f"S_RB tuned on 300 validation problems: lambda {res.lam}, tau {res.tau:.4f} (q {res.q}), validation accuracy {res.val_accuracy:.3f}")
-    return res.lam, res.tau

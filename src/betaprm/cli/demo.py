@@ -10,9 +10,9 @@ Generates problems and Monte Carlo labels, pretrains a small Llama as a language
 fine-tunes a standard PRM (soft-ce) and a BetaPRM (beta-binomial) with the same budget,
 scores Best-of-16 pools, tunes selectors on validation, and prints the Best-of-N,
 verification and calibration tables. Writes results.json and PNG plots to --out.
-The default run takes about 13 minutes on 2 cores (the two PRMs train at the same time);
---quick about 1 minute. --long is the recipe that also learns the mod-5 half of the step check
-(over an hour on 2 cores, 5-6 minutes with --device cuda on one H200); flags given
+The two PRMs train at the same time (two processes) unless --no-parallel-prms. --quick is a
+small run with the same steps; --long is the recipe that also learns the mod-5 half of the
+step check (meant for a GPU: --device cuda). Flags given
 explicitly win over --quick and --long."""
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import opt as _f
 from ._scoring import ScoringOptions
 
 HELP = "Best-of-N accuracy of every selector on candidate-pool files (one per benchmark)"
@@ -19,10 +20,6 @@ OpenAI-compatible server (--judge-url, --judge-model; --api-key-env NAME sends t
 held in environment variable NAME, no key is sent without it); failed checks are counted apart.
 S_lin and S_RB are tuned on --val-fraction of each benchmark's problems; the table gives
 test accuracy with 95% bootstrap intervals and the average gain over single pass."""
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -155,7 +152,7 @@ def run(args):
 def _load(cfg):
     import torch
 
-    from .eval_steps import load_prm
+    from ..model import load_prm
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     return load_prm(cfg.model, device)[0]

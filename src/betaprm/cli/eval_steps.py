@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..options import opt as _f
 from ._scoring import ScoringOptions
 
 HELP = "step-level error detection on VisualProcessBench-format data (F1, threshold tuned on a validation part)"
@@ -16,10 +17,6 @@ Step score: mu - 0.5*sigma for a BetaPRM, mu for a standard PRM or a plain causa
 zero-shot (the Yes/No logits at each marker; the "Base (w/o training)" row). One threshold is
 swept on --val-fraction of the problems (split by problem) and applied to the rest. Prints the
 overall micro-F1 and the per-source macro-F1; --out writes them as JSON."""
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -55,28 +52,6 @@ def add_arguments(parser):
     add_config_args(parser, EvalStepsConfig)
 
 
-def load_prm(path: str, device: str, trust_remote_code: bool = False):
-    """(prm, kind): kind is ``beta`` (trained with beta-binomial), ``standard`` (another
-    objective) or ``zero-shot`` (a plain causal LM wrapped on the fly)."""
-    from ..errors import BetaPRMInputError
-    from ..model import CONFIG_NAME, BetaPRM
-
-    if (Path(path) / CONFIG_NAME).is_file():
-        prm = BetaPRM.from_pretrained(path, device=device, trust_remote_code=trust_remote_code)
-        summary = Path(path) / "train_summary.json"
-        objective = "beta-binomial"
-        if summary.is_file():
-            from ..data.records import load_json_file
-
-            data = load_json_file(summary, what="a training summary")
-            objective = data.get("config", {}).get("objective") if isinstance(data, dict) and isinstance(data.get("config"), dict) else None
-            if objective is None:
-                raise BetaPRMInputError(f"{summary}: no config.objective in this training summary; restore the file written by betaprm train")
-        return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
-    prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)
-    return prm.to(device).eval(), "zero-shot"
-
-
 # Options that do not change the results (paths, batching, device): left out of the
 # settings recorded in --out. The model and the data enter as fingerprints of their contents.
 NOT_RESULTS = {"model", "data", "out", "plots", "device", "batch_size", "max_batch_tokens", "trust_remote_code"}
@@ -95,6 +70,7 @@ def run(args):
     from ..evaluation.steps import evaluate_steps, read_visualprocessbench
     from tqdm.auto import tqdm
 
+    from ..model import load_prm
     from ..scoring import score_traces
     from ._config import config_from_args
 

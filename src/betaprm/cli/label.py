@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..generation.factory import BackendOptions
+from ..options import opt as _f
 
 HELP = "make Monte Carlo counts (K of N per step) for traces of any domain with reference answers"
 DESCRIPTION = """Label reasoning traces with Monte Carlo counts, so BetaPRM can be trained where
@@ -23,10 +24,6 @@ OUT.lock keeps a second process out of --out.
 
 --backend synth (no --input) labels traces of the chain-arithmetic world instead:
 --n-problems problems, --traces-per-problem traces each, checked exactly."""
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -66,43 +63,6 @@ def add_arguments(parser):
     add_config_args(parser, LabelConfig)
 
 
-def read_traces(path: str, marker: str = "<prm>") -> list:
-    """Traces to label, with file:line errors. Steps and questions may not hold ``marker``
-    (the records written would not train); non-string fields are refused, never
-    converted."""
-    from ..data.records import problem_fields, read_objects
-    from ..errors import BetaPRMInputError
-    from ..label import LabelItem
-
-    items, seen = [], set()
-    for where, r in read_objects(path, ("id", "question", "answer"), "id, question, answer and steps or candidates", flag="--input"):
-        rid, question, answer = problem_fields(r, where, marker)
-        source = r.get("source")
-        if source is not None and not isinstance(source, str):
-            raise BetaPRMInputError(f"{where}: field 'source' must be a string, got {type(source).__name__}; fix: write the subset name as a string")
-        if "steps" in r:
-            traces = [(rid, "steps", r["steps"])]
-        elif isinstance(r.get("candidates"), list) and r["candidates"]:
-            traces = []
-            for j, c in enumerate(r["candidates"]):
-                if not isinstance(c, dict):
-                    raise BetaPRMInputError(f"{where}: field 'candidates[{j}]' must be an object {{\"steps\": [...]}}, got {type(c).__name__}")
-                traces.append((f"{rid}/{j}", f"candidates[{j}].steps", c.get("steps")))
-        else:
-            raise BetaPRMInputError(f"{where}: neither 'steps' nor a non-empty 'candidates' list is present; fix: give the trace's steps or candidates with steps")
-        for tid, field_name, steps in traces:
-            if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
-                raise BetaPRMInputError(f"{where}: field '{field_name}' (trace {tid!r}) must be a non-empty list of non-empty strings")
-            if any(marker in s for s in steps):
-                k = next(k for k, s in enumerate(steps) if marker in s)
-                raise BetaPRMInputError(f"{where}: field '{field_name}[{k}]' contains the marker text {marker!r}; fix: remove it (records holding it cannot be trained on)")
-            if tid in seen:
-                raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")
-            seen.add(tid)
-            items.append(LabelItem(tid, question, list(steps), answer, source=source))
-    return items
-
-
 # Options that do not change a record (paths, how many problems, how a server is reached,
 # how requests are grouped): left out of the settings a resumed --out must match. The
 # policy and the world's settings file enter as fingerprints of their contents.
@@ -132,7 +92,7 @@ def _run(cfg):
     from pathlib import Path
 
     from ..generation.factory import build_generator
-    from ..label import LabelItem, label_traces
+    from ..label import LabelItem, label_traces, read_traces
 
     failed = cfg.failed or str(Path(cfg.out).with_suffix("")) + ".failed.jsonl"
     if cfg.backend == "synth":

@@ -1,7 +1,8 @@
 """betaprm score"""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..options import opt
 from ._scoring import ScoringOptions
 
 HELP = "add mu, kappa and sigma per step to every candidate of a pool file (resumable)"
@@ -27,13 +28,13 @@ NOT_RESULTS = {"model", "input", "output", "device", "on_error", "rejects", "tru
 
 @dataclass
 class ScoreConfig(ScoringOptions):
-    model: str = field(default="", metadata={"help": "BetaPRM directory (from betaprm train)"})
-    input: str = field(default="", metadata={"help": "candidate pools (JSONL)"})
-    output: str = field(default="", metadata={"help": "scored pools (JSONL, appended)"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda when present), cpu, cuda, cuda:1, ..."})
-    on_error: str = field(default="fail", metadata={"help": "fail: stop on any bad record; skip: leave it out and write it to --rejects"})
-    rejects: str | None = field(default=None, metadata={"help": "rejects file for --on-error skip (default: OUTPUT.rejects.jsonl)"})
-    trust_remote_code: bool = field(default=False, metadata={"help": "allow model code from the checkpoint"})
+    model: str = opt("", "BetaPRM directory (from betaprm train)")
+    input: str = opt("", "candidate pools (JSONL)")
+    output: str = opt("", "scored pools (JSONL, appended)")
+    device: str = opt("auto", "auto (cuda when present), cpu, cuda, cuda:1, ...")
+    on_error: str = opt("fail", "fail: stop on any bad record; skip: leave it out and write it to --rejects")
+    rejects: str | None = opt(None, "rejects file for --on-error skip (default: OUTPUT.rejects.jsonl)")
+    trust_remote_code: bool = opt(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
         from ..errors import BetaPRMInputError

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..options import opt as _f
 
 HELP = "serve a PRM over HTTP for RL and search loops (/v1/score, OpenRLHF's /get_reward), with dynamic batching"
 DESCRIPTION = """Serve a trained BetaPRM (or a plain causal LM, scored zero-shot) over HTTP.
@@ -21,10 +23,6 @@ Requests arriving together are scored together (up to --max-batch-tokens, waitin
 
   curl -s localhost:8000/v1/score -H 'content-type: application/json' \\
        -d '{"question": "what is 3 + 4?", "steps": ["3 + 4 = 7", "The answer is 7"]}'"""
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -87,7 +85,7 @@ def run(args):
         raise BetaPRMInputError(f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'") from None
     from ..generation.factory import read_api_key
     from ._config import config_from_args
-    from .eval_steps import load_prm
+    from ..model import load_prm
 
     cfg = config_from_args(ServeConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device

@@ -17,23 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..scoring import StepScores
-from ..selection import candidate_scores, majority_vote, select, tune, weighted_vote
+from ..types import StepScores
+from ..selectors import SELECTORS as REGISTRY
+from ..selectors import hit, tune_selectors
 from .metrics import bootstrap_ci
 
-# name -> human-readable row label, in table order
-SELECTORS = {
-    "single_pass": "single pass (first candidate)",
-    "majority_vote": "majority vote",
-    "mean": "top-1 mean mu",
-    "min": "top-1 min mu",
-    "last": "top-1 last mu",
-    "prod": "top-1 prod mu",
-    "lin": "top-1 S_lin",
-    "rb": "top-1 S_RB",
-    "weighted_vote": "mu-weighted vote",
-    "oracle": "oracle pass@N",
-}
+# The selectors eval-bon reports (betaprm.selectors), in table order, with their labels.
+NAMES = ("single_pass", "majority_vote", "mean", "min", "last", "prod", "lin", "rb", "weighted_vote", "reliability_vote", "oracle")
+SELECTORS = {name: REGISTRY[name].label for name in NAMES}
 
 
 @dataclass
@@ -53,19 +44,6 @@ def _split(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[li
     return val, test
 
 
-def _pick(pool: BonPool, name: str, tuned: dict) -> int | None:
-    if name == "single_pass":
-        return 0
-    if name == "majority_vote":
-        return majority_vote(pool.answers)
-    if name == "weighted_vote":
-        return weighted_vote(pool.answers, candidate_scores(pool.scores, "mean"))
-    if name in ("lin", "rb"):
-        t = tuned[name]
-        return select(pool.scores, name, t.lam, t.tau)
-    return select(pool.scores, name)
-
-
 def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: int = 0) -> dict:
     """Per-selector accuracy on the test part, hyperparameters tuned on the validation part."""
     val, test = _split(pools, val_fraction, seed)
@@ -76,29 +54,23 @@ def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: in
     if scored and val:
         vp = [pools[i] for i in val]
         # Tuning needs known outcomes: a failed check counts as not correct here only.
-        corr = [[bool(c) for c in p.correct] for p in vp]
-        tuned = {m: tune([p.scores for p in vp], corr, m) for m in ("lin", "rb")}
-    names = [n for n in SELECTORS if scored or n in ("single_pass", "majority_vote", "oracle")]
-    if scored and not tuned:
-        names = [n for n in names if n not in ("lin", "rb")]
+        tuned = tune_selectors([p.scores for p in vp], [p.answers for p in vp], [p.correct for p in vp])
+    names = [n for n in NAMES if (scored or not REGISTRY[n].needs_scores) and (tuned or not REGISTRY[n].tuned)]
     out = {}
     for name in names:
         hits, failed = [], 0
         for i in test:
             p = pools[i]
-            if name == "oracle":
-                hits.append(float(any(c is True for c in p.correct)))
-                continue
-            k = _pick(p, name, tuned)
-            c = None if k is None else p.correct[k]
-            if k is not None and c is None:
+            h = hit(name, p.answers, p.correct, p.scores, tuned)
+            if h is None:
                 failed += 1
-                continue
-            hits.append(float(bool(c)))
+            else:
+                hits.append(h)
         h = np.array(hits)
         out[name] = {"acc": float(h.mean()) if len(h) else float("nan"), "ci": list(bootstrap_ci(h, seed=seed)) if len(h) else [float("nan")] * 2,
                      "n": len(h), "check_failed": failed}
-    return {"selectors": out, "tuned": {k: {"lambda": v.lam, "q": v.q, "tau": v.tau, "val_acc": v.val_accuracy} for k, v in tuned.items()},
+    return {"selectors": out, "tuned": {k: {"lambda": v.lam, "q": v.q, "tau": v.tau, "val_acc": v.val_accuracy} for k, v in tuned.items() if k in ("lin", "rb")}
+               | ({"reliability_vote": {"lambda": tuned["reliability_vote"]}} if tuned else {}),
             "n_test": len(test), "n_val": len(val)}
 
 

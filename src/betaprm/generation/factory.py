@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..options import opt as _f
 from .text import Sampling, TextFormat
 
 BACKENDS = ("synth", "transformers", "openai", "vllm")
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass

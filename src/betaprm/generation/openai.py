@@ -95,7 +95,8 @@ class OpenAIGenerator:
     ``tokenizer``'s chat template when given): any server, prefill included.
 
     ``api_key`` is sent as ``Authorization: Bearer`` when given, never otherwise.
-    ``url_flag`` names the option the base URL came from, for error messages."""
+    ``url_flag`` and ``model_flag`` name the options the base URL and the served model
+    name came from, for error messages."""
 
     def __init__(
         self,
@@ -112,6 +113,7 @@ class OpenAIGenerator:
         tokenizer=None,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         url_flag: str = "--base-url",
+        model_flag: str = "--policy",
     ):
         if endpoint not in ("chat", "completions"):
             raise ValueError(f"endpoint must be chat or completions, got {endpoint!r}")
@@ -137,6 +139,7 @@ class OpenAIGenerator:
         self.tokenizer = tokenizer
         self.max_response_bytes = max_response_bytes
         self.url_flag = url_flag
+        self.model_flag = model_flag
 
     # ------------------------------------------------------------------ one call
     def _body(self, req: GenerationRequest, copy: int) -> tuple[str, dict]:
@@ -189,7 +192,7 @@ class OpenAIGenerator:
                 last = f"HTTP {status}: {detail}"
                 continue
             if status >= 400:
-                raise GenerationError(f"{url} refused the request with HTTP {status}: {detail} (check the served model name and the sampling settings)")
+                raise GenerationError(f"{url} refused the request with HTTP {status}: {detail} (check {self.model_flag} {self.model!r}, the served model name, and the sampling settings)")
             try:
                 return json.loads(raw)
             except ValueError:

@@ -14,18 +14,15 @@ Two things a model backend must agree on with the PRM:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import BetaPRMInputError
+from ..options import opt as _f
 
 SPLITS = ("blank-line", "tags", "regex")
 CONTINUATIONS = ("prefill", "restate")
 
 _TAG = re.compile(r"<(step|answer)>(.*?)</\1>", re.DOTALL)
-
-
-def _f(default, help_text):
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..generation.base import Completion, GenerationRequest
+from ..types import Task
 from .world import Problem, Trace, World
 
 
@@ -68,8 +69,6 @@ def mc_label(world: World, generator, trace: Trace, n: int) -> list[int]:
 def synth_tasks(problems: Sequence[Problem]) -> list:
     """ACA / labeller tasks for chain-arithmetic problems (the Problem is the handle the
     policy continues)."""
-    from ..aca import Task
-
     return [Task(p.id, p.question, p.answer, p) for p in problems]
 
 

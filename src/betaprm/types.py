@@ -1,0 +1,48 @@
+"""Value types shared by scoring, selection, ACA and the CLI; numpy only, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["StepScores", "Task"]
+
+
+@dataclass
+class StepScores:
+    """The Beta belief at each step of one trace: float64 numpy arrays of shape (T,)."""
+
+    mu: np.ndarray
+    kappa: np.ndarray
+    sigma: np.ndarray
+
+    def __post_init__(self):
+        self.mu = np.asarray(self.mu, dtype=np.float64)
+        self.kappa = np.asarray(self.kappa, dtype=np.float64)
+        if self.sigma is None:
+            self.sigma = np.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
+        self.sigma = np.asarray(self.sigma, dtype=np.float64)
+        if not (self.mu.shape == self.kappa.shape == self.sigma.shape) or self.mu.ndim != 1:
+            raise ValueError(f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}")
+
+    @classmethod
+    def from_mu_kappa(cls, mu, kappa) -> StepScores:
+        return cls(mu, kappa, None)
+
+    def __len__(self) -> int:
+        return len(self.mu)
+
+    def to_dict(self) -> dict:
+        return {"mu": self.mu.tolist(), "kappa": self.kappa.tolist(), "sigma": self.sigma.tolist()}
+
+
+@dataclass
+class Task:
+    """One problem: ``handle`` is passed to the generator (the synthetic world's Problem)."""
+
+    id: str
+    question: str
+    answer: Any = None
+    handle: Any = None
