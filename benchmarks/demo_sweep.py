@@ -34,7 +34,9 @@ METRICS = {
     "mae_beta": lambda r: r["calibration"]["betaprm"]["mu_mae_bayes"],
     "spearman_kappa": lambda r: r["calibration"]["betaprm"]["spearman_kappa_bayes"],
     "coverage90": lambda r: r["calibration"]["betaprm"]["coverage90"],
-    "width_minus_bayes": lambda r: r["calibration"]["betaprm"]["width90"] - r["calibration"]["betaprm"]["bayes_width90"],
+    "width_minus_bayes": lambda r: (
+        r["calibration"]["betaprm"]["width90"] - r["calibration"]["betaprm"]["bayes_width90"]
+    ),
     "rb_minus_std": lambda r: r["comparisons"]["betaprm_rb_minus_standard_prm_mean"]["diff"],
     "best_minus_majority": lambda r: r["comparisons"]["best_betaprm_minus_majority_vote"]["diff"],
     "seconds": lambda r: r["seconds"],
@@ -57,12 +59,32 @@ def run_one(name, settings, seed, args) -> tuple[str, int, dict | None, str]:
     if (out / "results.json").is_file():
         return name, seed, json.loads((out / "results.json").read_text()), "cached"
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "betaprm", "demo", "--no-aca", "--seed", str(seed), "--out", str(out), "--device", args.device,
-           "--threads", str(args.threads), *_flags(settings)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "betaprm",
+        "demo",
+        "--no-aca",
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        *_flags(settings),
+    ]
     t0 = time.perf_counter()
     with open(out / "log.txt", "w") as log:
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+            rc = subprocess.run(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=args.timeout,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            ).returncode
         except subprocess.TimeoutExpired:
             return name, seed, None, f"timed out after {args.timeout}s"
     if rc != 0 or not (out / "results.json").is_file():
@@ -74,15 +96,24 @@ def summarize(results: dict) -> dict:
     summary = {}
     for name, runs in results.items():
         rows = {m: [f(r) for r in runs.values()] for m, f in METRICS.items()}
-        summary[name] = {"seeds": sorted(runs), **{m: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "values": v}
-                                                    for m, v in rows.items()}}
+        summary[name] = {
+            "seeds": sorted(runs),
+            **{
+                m: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, "values": v}
+                for m, v in rows.items()
+            },
+        }
     return summary
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--grid", required=True, help="JSON file: recipe name -> demo settings")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102], help="demo seeds (keep clear of the README's 0 and 1)")
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=[100, 101, 102], help="demo seeds (keep clear of the README's 0 and 1)"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto, passed to betaprm demo")
@@ -108,7 +139,11 @@ def main(argv=None) -> int:
     cols = list(METRICS)
     print("recipe".ljust(16) + "".join(c[:14].rjust(15) for c in cols))
     for name, s in summary.items():
-        print(f"{name[:15]:16}" + "".join(f"{s[c]['mean']:8.3f}±{s[c]['sd']:.3f}".rjust(15) for c in cols) + f"   n={len(s['seeds'])}")
+        print(
+            f"{name[:15]:16}"
+            + "".join(f"{s[c]['mean']:8.3f}±{s[c]['sd']:.3f}".rjust(15) for c in cols)
+            + f"   n={len(s['seeds'])}"
+        )
     return 0
 
 

@@ -53,21 +53,32 @@ def main(argv=None):
     from transformers.utils import logging as hf_logging
 
     from betaprm.beta import beta_binomial_nll, beta_std, evidence_regularizer
-    from betaprm.train import TrainConfig
-    from betaprm.synth.diagnostics import calibration
-    from betaprm.synth.experiment import demo_data
-    from betaprm.synth.recipe import DemoConfig
     from betaprm.formatting import encode_traces
     from betaprm.model import BetaPRM
     from betaprm.scoring import StepScores
     from betaprm.synth import World, WorldConfig
+    from betaprm.synth.diagnostics import calibration
+    from betaprm.synth.experiment import demo_data
+    from betaprm.synth.recipe import DemoConfig
+    from betaprm.train import TrainConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="folder of a finished betaprm demo run (results.json, betaprm/)")
     ap.add_argument("--steps", type=int, default=3000, help="full-batch Adam steps for the refit")
     ap.add_argument("--lr", type=float, default=0.01, help="Adam learning rate for the refit")
-    ap.add_argument("--scales", type=float, nargs="+", default=[0.5, 1, 2, 3, 4, 6], help="also report coverage and width with the trained head's kappa times each of these")
-    ap.add_argument("--lambda-reg", type=float, default=TrainConfig.__dataclass_fields__["lambda_reg"].default, help="evidence regulariser weight (default: betaprm train's, which the demo uses)")
+    ap.add_argument(
+        "--scales",
+        type=float,
+        nargs="+",
+        default=[0.5, 1, 2, 3, 4, 6],
+        help="also report coverage and width with the trained head's kappa times each of these",
+    )
+    ap.add_argument(
+        "--lambda-reg",
+        type=float,
+        default=TrainConfig.__dataclass_fields__["lambda_reg"].default,
+        help="evidence regulariser weight (default: betaprm train's, which the demo uses)",
+    )
     a = ap.parse_args(argv)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -90,7 +101,9 @@ def main(argv=None):
     train_f = marker_features(prm, enc([(r["question"], r["steps"]) for r in train_records]))
     test_f = marker_features(prm, enc([(p.problem.question, t.steps) for p in test_pools for t in p.traces]))
     held_f = marker_features(prm, enc([(r["question"], r["steps"]) for r in held_records]))
-    print(f"hidden states at {sum(len(m) for _, m in train_f)} training, {sum(len(m) for _, m in test_f)} test markers ({time.perf_counter() - t0:.0f}s)")
+    print(
+        f"hidden states at {sum(len(m) for _, m in train_f)} training, {sum(len(m) for _, m in test_f)} test markers ({time.perf_counter() - t0:.0f}s)"
+    )
 
     h = torch.cat([f[0] for f in train_f])
     mu = torch.cat([f[1] for f in train_f])
@@ -115,7 +128,12 @@ def main(argv=None):
         if (step + 1) % max(1, a.steps // 5) == 0:
             print(f"  refit step {step + 1}/{a.steps}: training loss {loss.item():.4f} (trained head: {start:.4f})")
 
-    out = {"run": str(run), "steps": a.steps, "lr": a.lr, "training_loss": {"trained_head": start, "refit_head": float(loss_of(refit).detach())}}
+    out = {
+        "run": str(run),
+        "steps": a.steps,
+        "lr": a.lr,
+        "training_loss": {"trained_head": start, "refit_head": float(loss_of(refit).detach())},
+    }
     k_per = len(test_pools[0].traces)
 
     def scores(feats):  # with the head now in prm.kappa_head
@@ -131,8 +149,22 @@ def main(argv=None):
         test_sc = scores(test_f)
         pooled = [test_sc[i * k_per : (i + 1) * k_per] for i in range(len(test_pools))]
         cal, _ = calibration(test_pools, pooled, held_records, scores(held_f), beta=True)
-        out[name] = {key: cal[key] for key in ("mu_mae_bayes", "bb_nll", "spearman_kappa_bayes", "spearman_kappa_bayes_unsettled", "share_settled", "spearman_kappa_parity_check",
-                                               "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90", "kappa_median")}
+        out[name] = {
+            key: cal[key]
+            for key in (
+                "mu_mae_bayes",
+                "bb_nll",
+                "spearman_kappa_bayes",
+                "spearman_kappa_bayes_unsettled",
+                "share_settled",
+                "spearman_kappa_parity_check",
+                "spearman_sigma_bayes_std",
+                "coverage90",
+                "width90",
+                "bayes_width90",
+                "kappa_median",
+            )
+        }
     # Is the interval too wide for this mu, or is kappa too low? The trained head's kappa times
     # a constant: if only a coverage below 0.85 brings the width near the Bayes belief's, the
     # width is what calibrated intervals around this mu need.
@@ -148,16 +180,44 @@ def main(argv=None):
     for scale in a.scales:
         pooled = [[scaled(s_, scale) for s_ in test_sc[i * k_per : (i + 1) * k_per]] for i in range(len(test_pools))]
         cal, _ = calibration(test_pools, pooled, held_records, [scaled(s_, scale) for s_ in held_sc], beta=True)
-        out["kappa_scaled"].append({"scale": scale, "coverage90": cal["coverage90"], "width90": cal["width90"], "bb_nll": cal["bb_nll"]})
-    out["bayes_beta"] = {"coverage90": cal["bayes_beta_coverage90"], "width90": cal["bayes_beta_width90"], "bayes_width90": cal["bayes_width90"]}
-    out["demo_results"] = {key: res0["calibration"]["betaprm"][key] for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll")}
+        out["kappa_scaled"].append(
+            {"scale": scale, "coverage90": cal["coverage90"], "width90": cal["width90"], "bb_nll": cal["bb_nll"]}
+        )
+    out["bayes_beta"] = {
+        "coverage90": cal["bayes_beta_coverage90"],
+        "width90": cal["bayes_beta_width90"],
+        "bayes_width90": cal["bayes_width90"],
+    }
+    out["demo_results"] = {
+        key: res0["calibration"]["betaprm"][key] for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll")
+    }
     (run / "kappa_refit.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"{'':<28}{'trained head':>14}{'refit head':>14}")
-    for key in ("bb_nll", "spearman_kappa_bayes", "spearman_kappa_bayes_unsettled", "share_settled", "spearman_kappa_parity_check", "spearman_sigma_bayes_std", "coverage90", "width90", "kappa_median"):
+    for key in (
+        "bb_nll",
+        "spearman_kappa_bayes",
+        "spearman_kappa_bayes_unsettled",
+        "share_settled",
+        "spearman_kappa_parity_check",
+        "spearman_sigma_bayes_std",
+        "coverage90",
+        "width90",
+        "kappa_median",
+    ):
         print(f"{key:<28}{out['trained_head'][key]:>14.3f}{out['refit_head'][key]:>14.3f}")
-    print("trained head's kappa x c:  " + "  ".join(f"c={r['scale']:g}: coverage {r['coverage90']:.3f} width {r['width90']:.3f} NLL {r['bb_nll']:.3f}" for r in out["kappa_scaled"]))
-    print(f"Beta at the Bayes mean and kappa*: coverage {out['bayes_beta']['coverage90']:.3f}, width {out['bayes_beta']['width90']:.3f} (Bayes belief's own width {out['bayes_beta']['bayes_width90']:.3f})")
-    print(f"(the run's own results.json: Spearman {out['demo_results']['spearman_kappa_bayes']:.3f}, coverage {out['demo_results']['coverage90']:.3f}, width {out['demo_results']['width90']:.3f}; Bayes width {out['trained_head']['bayes_width90']:.3f})")
+    print(
+        "trained head's kappa x c:  "
+        + "  ".join(
+            f"c={r['scale']:g}: coverage {r['coverage90']:.3f} width {r['width90']:.3f} NLL {r['bb_nll']:.3f}"
+            for r in out["kappa_scaled"]
+        )
+    )
+    print(
+        f"Beta at the Bayes mean and kappa*: coverage {out['bayes_beta']['coverage90']:.3f}, width {out['bayes_beta']['width90']:.3f} (Bayes belief's own width {out['bayes_beta']['bayes_width90']:.3f})"
+    )
+    print(
+        f"(the run's own results.json: Spearman {out['demo_results']['spearman_kappa_bayes']:.3f}, coverage {out['demo_results']['coverage90']:.3f}, width {out['demo_results']['width90']:.3f}; Bayes width {out['trained_head']['bayes_width90']:.3f})"
+    )
     return out
 
 

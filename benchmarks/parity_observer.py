@@ -73,13 +73,20 @@ def main(argv=None):
                     break
                 drift.setdefault(k + 1, []).append(q[k] - b[k])
     print(f"{a.problems} problems x {a.traces} traces")
-    print(f"within-problem AUROC: Bayes belief {within_problem_auroc(final['bayes'], labels):.3f}, parity-check observer {within_problem_auroc(final['parity'], labels):.3f}")
+    print(
+        f"within-problem AUROC: Bayes belief {within_problem_auroc(final['bayes'], labels):.3f}, parity-check observer {within_problem_auroc(final['parity'], labels):.3f}"
+    )
     print(f"mean |parity-check observer mean - Bayes mean|: {np.concatenate(diffs).mean():.3f}")
-    print("parity-check observer - Bayes mean on error-free prefixes, by step: " + " ".join(f"{np.mean(drift[k]):+.3f}" for k in sorted(drift)))
+    print(
+        "parity-check observer - Bayes mean on error-free prefixes, by step: "
+        + " ".join(f"{np.mean(drift[k]):+.3f}" for k in sorted(drift))
+    )
     if a.backbone:
         acc = backbone_accuracy(a.backbone, w.sample_problems(a.problems, a.seed + 2, "clean"), a.seed + 3)
-        print(f"backbone {a.backbone}: predicts the written result of {acc['verifiable'][0]:.1%} of {acc['verifiable'][1]} verifiable steps"
-              f" and {acc['recall'][0]:.1%} of {acc['recall'][1]} recall steps (chance 10%) of error-free traces")
+        print(
+            f"backbone {a.backbone}: predicts the written result of {acc['verifiable'][0]:.1%} of {acc['verifiable'][1]} verifiable steps"
+            f" and {acc['recall'][0]:.1%} of {acc['recall'][1]} recall steps (chance 10%) of error-free traces"
+        )
 
 
 if __name__ == "__main__":

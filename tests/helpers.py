@@ -35,11 +35,18 @@ def make_counts(path: Path, n=96, seed=0, n_mc=8) -> Path:
                 steps.append(f"{a} + {b} = {c}")
                 q = 0.85 ** (t - j - 1) if ok else 0.03
                 ks.append(sum(rng.random() < q for _ in range(n_mc)))
-            f.write(json.dumps({"id": f"r{i}", "question": "add these", "steps": steps, "mc_correct": ks, "mc_total": n_mc}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": f"r{i}", "question": "add these", "steps": steps, "mc_correct": ks, "mc_total": n_mc}
+                )
+                + "\n"
+            )
     return path
 
 
 def run_cli(*args, cwd=None, timeout=300):
     """``python -m betaprm ARGS`` in a fresh process; the CompletedProcess with its text output."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )

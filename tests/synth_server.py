@@ -44,9 +44,14 @@ class SynthServer:
                 question = msgs[0]["content"].split("\n\n")[0]  # the instruction follows a blank line
                 prefix = msgs[1]["content"].split("\n\n") if len(msgs) > 1 else []
                 prefix = [s for s in prefix if s]
-                (comps,) = server.policy.generate([GenerationRequest(question, prefix, 1, server.by_question[question], body.get("seed"))])
+                (comps,) = server.policy.generate(
+                    [GenerationRequest(question, prefix, 1, server.by_question[question], body.get("seed"))]
+                )
                 c = comps[0]
-                ans = {"choices": [{"message": {"role": "assistant", "content": "\n\n".join(c.steps)}}], "usage": {"completion_tokens": c.n_tokens}}
+                ans = {
+                    "choices": [{"message": {"role": "assistant", "content": "\n\n".join(c.steps)}}],
+                    "usage": {"completion_tokens": c.n_tokens},
+                }
                 self._send(200, json.dumps(ans).encode())
 
             def _send(self, code, data):

@@ -51,7 +51,15 @@ def _state(cands, **kw):
     cfg = ACAConfig(final="lin", **kw)
     s = _State(Task("t", "q"), cfg)
     for i, (ans, mu, sig) in enumerate(cands):
-        s.cands.append(Candidate([f"s{j}" for j in range(len(mu))], 1, 0, answer=ans, scores=StepScores(np.array(mu, float), np.ones(len(mu)), np.array(sig, float))))
+        s.cands.append(
+            Candidate(
+                [f"s{j}" for j in range(len(mu))],
+                1,
+                0,
+                answer=ans,
+                scores=StepScores(np.array(mu, float), np.ones(len(mu)), np.array(sig, float)),
+            )
+        )
     return s
 
 
@@ -120,7 +128,10 @@ def test_uncertainty_variants():
 
 
 def test_bad_config_collects_all_problems():
-    with pytest.raises(BetaPRMInputError, match=r"n0 \(20\) must not exceed budget.*uncertainty must be one of.*final 'rb' needs final_tau"):
+    with pytest.raises(
+        BetaPRMInputError,
+        match=r"n0 \(20\) must not exceed budget.*uncertainty must be one of.*final 'rb' needs final_tau",
+    ):
         ACAConfig(n0=20, uncertainty="maybe")
 
 
@@ -137,7 +148,9 @@ def world_setup():
 def _run(world, problems, cfg, out=None, scorer=None):
     scorer = scorer or BayesScorer(world, problems)
     gen = SynthPolicy(world, seed=0)
-    return run_aca(synth_tasks(problems), gen, scorer, cfg, synth_answer, synth_is_correct, out=out, progress=False), scorer
+    return run_aca(
+        synth_tasks(problems), gen, scorer, cfg, synth_answer, synth_is_correct, out=out, progress=False
+    ), scorer
 
 
 def test_aca_accounting_on_the_world(world_setup):
@@ -206,7 +219,20 @@ def test_killed_aca_process_resumes_without_loss_or_duplicates(tmp_path):
 
     lm = make_lm_dir(tmp_path / "lm")
     BetaPRM.from_backbone(str(lm)).save_pretrained(tmp_path / "prm")
-    base = [sys.executable, "-m", "betaprm", "aca", "--model", str(tmp_path / "prm"), "--n-problems", "300", "--final", "lin", "--batch-size", "32"]
+    base = [
+        sys.executable,
+        "-m",
+        "betaprm",
+        "aca",
+        "--model",
+        str(tmp_path / "prm"),
+        "--n-problems",
+        "300",
+        "--final",
+        "lin",
+        "--batch-size",
+        "32",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     full = tmp_path / "full.jsonl"
     subprocess.run(base + ["--out", str(full)], check=True, env=env, capture_output=True)
@@ -218,14 +244,21 @@ def test_killed_aca_process_resumes_without_loss_or_duplicates(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     n_before = sum(1 for line in part.read_bytes().split(b"\n") if line.strip())
-    assert proc.returncode == -signal.SIGKILL and 0 < n_before < 300, f"the kill should land mid-run, found {n_before} records"
+    assert proc.returncode == -signal.SIGKILL and 0 < n_before < 300, (
+        f"the kill should land mid-run, found {n_before} records"
+    )
     subprocess.run(base + ["--out", str(part)], check=True, env=env, capture_output=True)
     got = [json.loads(line) for line in part.read_text().splitlines()]
     want = {r["id"]: r for r in map(json.loads, full.read_text().splitlines())}
     assert sorted(r["id"] for r in got) == sorted(want) and len(got) == 300
     for r in got:
         w = want[r["id"]]
-        assert (r["chosen"], r["tokens"], r["pool_size"], r["stop_reason"]) == (w["chosen"], w["tokens"], w["pool_size"], w["stop_reason"])
+        assert (r["chosen"], r["tokens"], r["pool_size"], r["stop_reason"]) == (
+            w["chosen"],
+            w["tokens"],
+            w["pool_size"],
+            w["stop_reason"],
+        )
         assert [c["steps"] for c in r["candidates"]] == [c["steps"] for c in w["candidates"]]
 
 
@@ -247,7 +280,20 @@ def test_cli_aca_plot_against_a_best_of_n_baseline(tmp_path):
     BetaPRM.from_backbone(str(make_lm_dir(tmp_path / "lm"))).save_pretrained(tmp_path / "prm")
     common = ["aca", "--model", str(tmp_path / "prm"), "--n-problems", "12", "--final", "lin"]
     assert main([*common, "--variant", "best-of-n", "--out", str(tmp_path / "bon.jsonl")]) == 0
-    assert main([*common, "--out", str(tmp_path / "aca.jsonl"), "--plots", str(tmp_path / "p"), "--baseline", str(tmp_path / "bon.jsonl")]) == 0
+    assert (
+        main(
+            [
+                *common,
+                "--out",
+                str(tmp_path / "aca.jsonl"),
+                "--plots",
+                str(tmp_path / "p"),
+                "--baseline",
+                str(tmp_path / "bon.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "p" / "aca_tokens.png").stat().st_size > 0
     recs = [json.loads(line) for line in (tmp_path / "bon.jsonl").read_text().splitlines()]
     assert all(r["candidates"][r["chosen"]]["correct"] == r["correct"] for r in recs)
@@ -275,9 +321,18 @@ def test_best_of_n_curve_picks_through_the_selector_registry():
     from betaprm.aca import best_of_n_curve
 
     def cand(mu, correct, n):
-        return {"mu": mu, "kappa": [4.0] * len(mu), "sigma": [0.1] * len(mu), "correct": correct, "n_tokens": n, "answer": None}
+        return {
+            "mu": mu,
+            "kappa": [4.0] * len(mu),
+            "sigma": [0.1] * len(mu),
+            "correct": correct,
+            "n_tokens": n,
+            "answer": None,
+        }
 
-    recs = [{"candidates": [cand([0.2], False, 3), cand([0.9], True, 5)]},
-            {"candidates": [cand([0.8], True, 2), cand([0.1], None, 4)]}]  # a failed check is never counted right
+    recs = [
+        {"candidates": [cand([0.2], False, 3), cand([0.9], True, 5)]},
+        {"candidates": [cand([0.8], True, 2), cand([0.1], None, 4)]},
+    ]  # a failed check is never counted right
     xs, ys = best_of_n_curve(recs, "mean")
     assert xs == [5, 14] and ys == [0.5, 1.0]

@@ -69,15 +69,32 @@ def test_eval_bon_with_an_adversarial_answer_finishes(tmp_path):
     recs = []
     for i in range(10):
         bad = ADVERSARIAL if i == 0 else "8"
-        cands = [{"steps": ["x", f"The answer is \\boxed{{{a}}}"], "mu": [0.5, m], "kappa": [4, 4], "sigma": [0.1, 0.1]}
-                 for a, m in ((bad, 0.6), ("7", 0.7))]
+        cands = [
+            {"steps": ["x", f"The answer is \\boxed{{{a}}}"], "mu": [0.5, m], "kappa": [4, 4], "sigma": [0.1, 0.1]}
+            for a, m in ((bad, 0.6), ("7", 0.7))
+        ]
         recs.append({"id": f"p{i}", "question": f"q{i}", "answer": "7", "candidates": cands})
     pools = tmp_path / "bench.jsonl"
     pools.write_text("".join(json.dumps(r) + "\n" for r in recs))
     out = tmp_path / "r.json"
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "betaprm", "eval-bon", "--pools", str(pools), "--out", str(out), "--check-timeout", "2"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "betaprm",
+            "eval-bon",
+            "--pools",
+            str(pools),
+            "--out",
+            str(out),
+            "--check-timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["benchmarks"]["bench"]["answer_checks_failed"] == 1
     assert time.monotonic() - t0 < 60

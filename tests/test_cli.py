@@ -24,11 +24,30 @@ def test_help_lists_commands_and_options():
         assert flag in sub.stdout
 
 
-BON_KEYS = {"single_pass", "majority_vote", "standard_prm_mean", "betaprm_mean", "betaprm_rb", "standard_prm_vote",
-            "betaprm_vote", "bayes_top1", "bayes_vote", "oracle"}
+BON_KEYS = {
+    "single_pass",
+    "majority_vote",
+    "standard_prm_mean",
+    "betaprm_mean",
+    "betaprm_rb",
+    "standard_prm_vote",
+    "betaprm_vote",
+    "bayes_top1",
+    "bayes_vote",
+    "oracle",
+}
 CAL_KEYS = {"mu_mae_bayes", "mu_mae_true", "bb_nll"}
-BETA_KEYS = CAL_KEYS | {"spearman_kappa_bayes", "spearman_sigma_bayes_std", "coverage90", "width90", "bayes_width90",
-                        "spearman_kappa_bayes_unsettled", "share_settled", "bayes_beta_coverage90", "bayes_beta_width90"}
+BETA_KEYS = CAL_KEYS | {
+    "spearman_kappa_bayes",
+    "spearman_sigma_bayes_std",
+    "coverage90",
+    "width90",
+    "bayes_width90",
+    "spearman_kappa_bayes_unsettled",
+    "share_settled",
+    "bayes_beta_coverage90",
+    "bayes_beta_width90",
+}
 
 
 def _finite_numbers(x):
@@ -56,7 +75,11 @@ def test_demo_quick_end_to_end(tmp_path):
     # First-error detection against the truth: the exact Bayes belief drops at nearly every
     # visible error (a misaligned step or label would put it near 0.5).
     v = r["verification"]
-    assert v["bayes_first_error_auroc"] > 0.95 and 0 <= v["standard_prm_first_error_auroc"] <= 1 and 0 <= v["betaprm_first_error_auroc"] <= 1
+    assert (
+        v["bayes_first_error_auroc"] > 0.95
+        and 0 <= v["standard_prm_first_error_auroc"] <= 1
+        and 0 <= v["betaprm_first_error_auroc"] <= 1
+    )
     # Split by the parity of the error offset: the exact belief sees both kinds; the
     # parity-check observer sees odd offsets and is blind to even ones (its drop at an
     # even-offset error is the drop it would show at a correct step), and is a weaker verifier.
@@ -67,7 +90,10 @@ def test_demo_quick_end_to_end(tmp_path):
     for name in ("standard_prm", "betaprm"):
         assert 0 <= r["calibration"][name]["mu_mae_parity_check"] < 1
     assert -1 <= r["calibration"]["betaprm"]["spearman_kappa_parity_check"] <= 1
-    assert -1 <= r["calibration"]["betaprm"]["spearman_kappa_bayes_unsettled"] <= 1 and 0 < r["calibration"]["betaprm"]["share_settled"] < 1
+    assert (
+        -1 <= r["calibration"]["betaprm"]["spearman_kappa_bayes_unsettled"] <= 1
+        and 0 < r["calibration"]["betaprm"]["share_settled"] < 1
+    )
     for name in ("standard_prm", "betaprm"):
         bias = r["clean_bias_by_step"][name]
         assert 4 <= len(bias) <= 8 and all(-1 <= b <= 1 for b in bias)
@@ -96,27 +122,70 @@ def test_demo_quick_end_to_end(tmp_path):
     assert BetaPRM.from_pretrained(tmp_path / "d" / "betaprm").config.marker == "<prm>"
     # benchmarks/parity_observer.py --backbone reads the demo's backbone and finds the
     # result token of every step (the count is what a tokenizer change would break).
-    bench = subprocess.run([sys.executable, "benchmarks/parity_observer.py", "--problems", "20", "--traces", "4", "--backbone", str(tmp_path / "d" / "backbone")],
-                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
+    bench = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/parity_observer.py",
+            "--problems",
+            "20",
+            "--traces",
+            "4",
+            "--backbone",
+            str(tmp_path / "d" / "backbone"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "PYTHONPATH": "src"},
+    )
     assert bench.returncode == 0, bench.stderr[-2000:]
     import re
 
     m = re.search(r"result of ([\d.]+)% of (\d+) verifiable steps and ([\d.]+)% of (\d+) recall steps", bench.stdout)
     assert m and int(m.group(2)) > 40 and int(m.group(4)) > 5 and float(m.group(1)) > float(m.group(3))
+
     # benchmarks/step_check_probe.py: one PRM from that backbone, a few steps, the odd/even split.
     def run_probe(name, *extra):
-        done = subprocess.run([sys.executable, "benchmarks/step_check_probe.py", "--out", str(tmp_path / name), "--backbone", str(tmp_path / "d" / "backbone"),
-                               "--n-train-problems", "40", "--prm-steps", "4", "--prm-batch", "4", "--eval-problems", "30", "--eval-traces", "4", *extra],
-                              capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
+        done = subprocess.run(
+            [
+                sys.executable,
+                "benchmarks/step_check_probe.py",
+                "--out",
+                str(tmp_path / name),
+                "--backbone",
+                str(tmp_path / "d" / "backbone"),
+                "--n-train-problems",
+                "40",
+                "--prm-steps",
+                "4",
+                "--prm-batch",
+                "4",
+                "--eval-problems",
+                "30",
+                "--eval-traces",
+                "4",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            env={**os.environ, "PYTHONPATH": "src"},
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads((tmp_path / name / "probe.json").read_text())
 
     res = run_probe("probe", "--eval-every", "2")
     surprise = res["backbone_surprise_first_error_auroc"]
-    assert surprise["n_odd"] > 0 and surprise["n_even"] > 0 and 0 <= surprise["odd"] <= 1 and 0 <= surprise["even"] <= 1
+    assert (
+        surprise["n_odd"] > 0 and surprise["n_even"] > 0 and 0 <= surprise["odd"] <= 1 and 0 <= surprise["even"] <= 1
+    )
     # the quick backbone predicts results, so its surprise separates errors from correct steps
     assert surprise["odd"] > 0.6
-    assert res["finished"] and 0 <= res["prm"]["within_problem_auroc"] <= 1 and res["bayes"]["first_error_auroc_even"] > 0.9
+    assert (
+        res["finished"]
+        and 0 <= res["prm"]["within_problem_auroc"] <= 1
+        and res["bayes"]["first_error_auroc_even"] > 0.9
+    )
     # --eval-every: a curve point at step 2 (the last step is the final measurement) ...
     assert [p["step"] for p in res["curve"]] == [2] and 0 <= res["curve"][0]["within_problem_auroc"] <= 1
     # ... that leaves training unchanged: the same final PRM as a run without it
@@ -124,12 +193,19 @@ def test_demo_quick_end_to_end(tmp_path):
     assert plain["curve"] == [] and plain["prm"] == res["prm"]
     # benchmarks/kappa_refit.py: rebuilds the run's test split and reads the trained kappa
     # head exactly as the demo did; the refit only lowers the training loss it minimises.
-    refit = subprocess.run([sys.executable, "benchmarks/kappa_refit.py", "--run", str(tmp_path / "d"), "--steps", "30"],
-                           capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env={**os.environ, "PYTHONPATH": "src"})
+    refit = subprocess.run(
+        [sys.executable, "benchmarks/kappa_refit.py", "--run", str(tmp_path / "d"), "--steps", "30"],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "PYTHONPATH": "src"},
+    )
     assert refit.returncode == 0, refit.stderr[-2000:]
     rf = json.loads((tmp_path / "d" / "kappa_refit.json").read_text())
     one = [r for r in rf["kappa_scaled"] if r["scale"] == 1][0]  # kappa x 1 is the trained head
-    assert one["width90"] == pytest.approx(rf["trained_head"]["width90"]) and one["coverage90"] == pytest.approx(rf["trained_head"]["coverage90"])
+    assert one["width90"] == pytest.approx(rf["trained_head"]["width90"]) and one["coverage90"] == pytest.approx(
+        rf["trained_head"]["coverage90"]
+    )
     widths = [r["width90"] for r in sorted(rf["kappa_scaled"], key=lambda r: r["scale"])]
     assert widths == sorted(widths, reverse=True)  # a larger kappa, a narrower interval
     for key in ("spearman_kappa_bayes", "coverage90", "width90", "bb_nll"):
@@ -155,15 +231,17 @@ def test_bad_input_exits_2_with_one_message(tmp_path):
 
 
 def test_config_file_then_flags(tmp_path, capsys):
-    from betaprm.cli._config import config_from_args
     from betaprm.cli import build_parser
+    from betaprm.cli._config import config_from_args
     from betaprm.demo import DemoConfig
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("prm_steps: 3\nn_val_problems: 8\n")
     args = build_parser().parse_args(["demo", "--config", str(cfg), "--prm-steps", "2"])
     c = config_from_args(DemoConfig, args)
-    assert c.prm_steps == 2 and c.n_val_problems == 8 and c.effective().n_test_problems == 1000  # flag wins, file fills
+    assert (
+        c.prm_steps == 2 and c.n_val_problems == 8 and c.effective().n_test_problems == 1000
+    )  # flag wins, file fills
     assert c.n_test_problems is None  # unset until effective() fills it from the recipe or a preset
     cfg.write_text("stepz: 3\n")
     assert main(["demo", "--config", str(cfg)]) == 2
@@ -174,7 +252,7 @@ def test_config_file_then_flags(tmp_path, capsys):
 @pytest.mark.timeout(20 * 60)  # above the suite's 10-minute limit: the bound under test is 15
 def test_demo_default_within_15_minutes(tmp_path):
     """The default run (`make demo`) within 15 minutes on 2 cores, with
-    1,000 test pools of 16 (about 13 minutes on the README's CPU; `make test-all`)."""
+    1,000 test pools of 16 (`make test-all`)."""
     res = run_cli("demo", "--out", str(tmp_path / "d"), timeout=20 * 60)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "d" / "results.json").read_text())

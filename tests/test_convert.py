@@ -17,7 +17,9 @@ DATA = Path(__file__).parent / "data"
 def run(fmt, name, tmp_path, on_error="skip", **opts):
     out = tmp_path / f"{name}.out.jsonl"
     rejects = tmp_path / f"{name}.rejects.jsonl"
-    stats = convert_file(fmt, DATA / name, out, ConvertOptions(source_name=Path(name).stem, **opts), on_error=on_error, rejects=rejects)
+    stats = convert_file(
+        fmt, DATA / name, out, ConvertOptions(source_name=Path(name).stem, **opts), on_error=on_error, rejects=rejects
+    )
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     rej = [json.loads(x) for x in rejects.read_text().splitlines()] if rejects.exists() else []
     return stats, recs, rej
@@ -26,10 +28,26 @@ def run(fmt, name, tmp_path, on_error="skip", **opts):
 def test_visualprm_raw_keeps_counts(tmp_path):
     stats, recs, rej = run("visualprm-raw", "visualprm_raw.jsonl", tmp_path, image_root="/data/images")
     assert recs == [
-        {"id": "visualprm_raw-1", "question": "In the triangle shown, find x.", "images": ["/data/images/MAVIS-Geometry/depth1/17/17.jpg"],
-         "steps": ["The angles sum to 180.", "So x = 30."], "mc_correct": [12, 8], "mc_total": [16, 16], "answer": "30", "source": "visualprm_raw"},
-        {"id": "visualprm_raw-2", "question": "Which bar is tallest?", "images": ["/data/images/ChartQA/train/png/5.png"],
-         "steps": ["Bar A is 3.", "Bar B is 7, the tallest."], "mc_correct": [1, 0], "mc_total": [16, 16], "answer": "B", "source": "visualprm_raw"},
+        {
+            "id": "visualprm_raw-1",
+            "question": "In the triangle shown, find x.",
+            "images": ["/data/images/MAVIS-Geometry/depth1/17/17.jpg"],
+            "steps": ["The angles sum to 180.", "So x = 30."],
+            "mc_correct": [12, 8],
+            "mc_total": [16, 16],
+            "answer": "30",
+            "source": "visualprm_raw",
+        },
+        {
+            "id": "visualprm_raw-2",
+            "question": "Which bar is tallest?",
+            "images": ["/data/images/ChartQA/train/png/5.png"],
+            "steps": ["Bar A is 3.", "Bar B is 7, the tallest."],
+            "mc_correct": [1, 0],
+            "mc_total": [16, 16],
+            "answer": "B",
+            "source": "visualprm_raw",
+        },
     ]
     assert stats == {"read": 3, "written": 2, "rejected": 1, "steps": 4}
     assert rej[0]["line"] == 3 and "steps_with_score[0].num_mc_correct" in rej[0]["reasons"][0]
@@ -38,10 +56,22 @@ def test_visualprm_raw_keeps_counts(tmp_path):
 def test_math_shepherd(tmp_path):
     stats, recs, rej = run("math-shepherd", "math_shepherd.jsonl", tmp_path)
     assert recs == [
-        {"id": "math_shepherd-1", "question": "Tom has 3 apples and buys 2 more. How many apples does he have?",
-         "steps": ["Step 1: He has 3 + 2 = 5 apples.", "Step 2: The answer is: 5"], "mc_correct": [1, 1], "mc_total": 1, "source": "GSM8K"},
-        {"id": "math_shepherd-2", "question": "What is 6 * 7?", "steps": ["Step 1: 6 * 7 = 48", "Step 2: The answer is: 48"],
-         "mc_correct": [0, 0], "mc_total": 1, "source": "MATH"},
+        {
+            "id": "math_shepherd-1",
+            "question": "Tom has 3 apples and buys 2 more. How many apples does he have?",
+            "steps": ["Step 1: He has 3 + 2 = 5 apples.", "Step 2: The answer is: 5"],
+            "mc_correct": [1, 1],
+            "mc_total": 1,
+            "source": "GSM8K",
+        },
+        {
+            "id": "math_shepherd-2",
+            "question": "What is 6 * 7?",
+            "steps": ["Step 1: 6 * 7 = 48", "Step 2: The answer is: 48"],
+            "mc_correct": [0, 0],
+            "mc_total": 1,
+            "source": "MATH",
+        },
     ]
     assert rej[0]["line"] == 3 and "'Step 1:' is missing" in rej[0]["reasons"][0]
 
@@ -50,19 +80,53 @@ def test_math_shepherd(tmp_path):
 def test_prm800k(tmp_path, neutral_correct, expected_k2):
     stats, recs, rej = run("prm800k", "prm800k.jsonl", tmp_path, neutral_correct=neutral_correct)
     assert not rej
-    assert recs[0] == {"id": "prm800k-1", "question": "What is 1+2+3?", "steps": ["1+2 = 3.", "3+3 = 7."], "mc_correct": [1, 0], "mc_total": 1, "answer": "6", "source": "prm800k"}
+    assert recs[0] == {
+        "id": "prm800k-1",
+        "question": "What is 1+2+3?",
+        "steps": ["1+2 = 3.", "3+3 = 7."],
+        "mc_correct": [1, 0],
+        "mc_total": 1,
+        "answer": "6",
+        "source": "prm800k",
+    }
     # Path: chosen completion 0 (neutral), then the human replacement, then the answer.
-    assert recs[1] == {"id": "prm800k-2", "question": "Simplify 2x+3x.", "steps": ["Like terms combine.", "So it is 5x.", "# Answer\n\n5x"], "mc_correct": expected_k2, "mc_total": 1, "answer": "5x", "source": "prm800k"}
+    assert recs[1] == {
+        "id": "prm800k-2",
+        "question": "Simplify 2x+3x.",
+        "steps": ["Like terms combine.", "So it is 5x.", "# Answer\n\n5x"],
+        "mc_correct": expected_k2,
+        "mc_total": 1,
+        "answer": "5x",
+        "source": "prm800k",
+    }
 
 
 def test_trl_hard_and_soft(tmp_path):
     with pytest.raises(BetaPRMInputError, match="pass --soft-n N"):
         run("trl", "trl_stepwise.jsonl", tmp_path, on_error="fail")
     stats, recs, rej = run("trl", "trl_stepwise.jsonl", tmp_path, soft_n=16)
-    assert recs[0] == {"id": "trl_stepwise-1", "question": "Which number is larger, 9.8 or 9.11?",
-                       "steps": ["The fractional part of 9.8 is 0.8.", "The fractional part of 9.11 is 0.11.", "0.11 is greater than 0.8.", "So 9.11 is larger."],
-                       "mc_correct": [1, 1, 0, 0], "mc_total": 1, "source": "trl_stepwise"}
-    assert recs[1] == {"id": "trl_stepwise-2", "question": "2+2?", "steps": ["2+2=4", "Answer: 4"], "mc_correct": [13.0, 16.0], "mc_total": 16, "soft": True, "source": "trl_stepwise"}
+    assert recs[0] == {
+        "id": "trl_stepwise-1",
+        "question": "Which number is larger, 9.8 or 9.11?",
+        "steps": [
+            "The fractional part of 9.8 is 0.8.",
+            "The fractional part of 9.11 is 0.11.",
+            "0.11 is greater than 0.8.",
+            "So 9.11 is larger.",
+        ],
+        "mc_correct": [1, 1, 0, 0],
+        "mc_total": 1,
+        "source": "trl_stepwise",
+    }
+    assert recs[1] == {
+        "id": "trl_stepwise-2",
+        "question": "2+2?",
+        "steps": ["2+2=4", "Answer: 4"],
+        "mc_correct": [13.0, 16.0],
+        "mc_total": 16,
+        "soft": True,
+        "source": "trl_stepwise",
+    }
     # Soft counts survive loading un-rounded.
     loaded = read_records(tmp_path / "trl_stepwise.jsonl.out.jsonl").records
     assert loaded[1].soft and loaded[1].mc_correct == [13.0, 16.0]
@@ -78,9 +142,45 @@ def test_trl_soft_n_fractional_k(tmp_path):
 
 def test_convert_cli(tmp_path):
     out = tmp_path / "ms.jsonl"
-    res = subprocess.run([sys.executable, "-m", "betaprm", "convert", "--from", "math-shepherd", "--input", str(DATA / "math_shepherd.jsonl"), "--output", str(out)], capture_output=True, text=True)
-    assert res.returncode == 2 and "1 of 3 records cannot be converted" in res.stderr and ":3: field 'input'" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "betaprm", "convert", "--from", "math-shepherd", "--input", str(DATA / "math_shepherd.jsonl"), "--output", str(out), "--on-error", "skip"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "betaprm",
+            "convert",
+            "--from",
+            "math-shepherd",
+            "--input",
+            str(DATA / "math_shepherd.jsonl"),
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        res.returncode == 2
+        and "1 of 3 records cannot be converted" in res.stderr
+        and ":3: field 'input'" in res.stderr
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "betaprm",
+            "convert",
+            "--from",
+            "math-shepherd",
+            "--input",
+            str(DATA / "math_shepherd.jsonl"),
+            "--output",
+            str(out),
+            "--on-error",
+            "skip",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "3 read, 2 records with 4 steps written" in res.stdout and "1 rejected" in res.stdout
     assert (tmp_path / "ms.rejects.jsonl").exists()

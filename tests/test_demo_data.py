@@ -5,10 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from betaprm.synth.experiment import label_records, training_traces
-from betaprm.synth.recipe import DemoConfig
 from betaprm.errors import BetaPRMInputError
 from betaprm.synth import SynthPolicy, World
+from betaprm.synth.experiment import label_records, training_traces
+from betaprm.synth.recipe import DemoConfig
 
 
 def _offsets(world, traces):
@@ -54,7 +54,13 @@ def test_train_near_miss_must_be_a_probability():
 
 def test_presets_change_defaults_and_keep_explicit_settings():
     long = DemoConfig(long=True).effective()
-    assert (long.num_layers, long.hidden_size, long.n_train_problems, long.prm_steps, long.train_near_miss) == (8, 96, 12_000, 6600, 0.3)
+    assert (long.num_layers, long.hidden_size, long.n_train_problems, long.prm_steps, long.train_near_miss) == (
+        8,
+        96,
+        12_000,
+        6600,
+        0.3,
+    )
     assert long.n_test_problems == DemoConfig().effective().n_test_problems  # what the preset does not name stays
     # a setting given explicitly wins over the preset, for --long and --quick alike
     assert DemoConfig(long=True, prm_steps=3000).effective().prm_steps == 3000
@@ -64,7 +70,14 @@ def test_presets_change_defaults_and_keep_explicit_settings():
     assert DemoConfig(quick=True, hidden_size=128, num_layers=4).effective().hidden_size == 128
     assert DemoConfig(long=True, train_near_miss=0.6).effective().train_near_miss == 0.6
     base = DemoConfig().effective()
-    assert (base.n_train_problems, base.n_test_problems, base.hidden_size, base.num_layers, base.prm_steps, base.train_near_miss) == (3000, 1000, 128, 4, 1100, None)
+    assert (
+        base.n_train_problems,
+        base.n_test_problems,
+        base.hidden_size,
+        base.num_layers,
+        base.prm_steps,
+        base.train_near_miss,
+    ) == (3000, 1000, 128, 4, 1100, None)
     assert base.effective() == base
     with pytest.raises(BetaPRMInputError, match="--quick and --long"):
         DemoConfig(quick=True, long=True)
@@ -77,7 +90,9 @@ def test_parity_observer_benchmark(capsys):
     import re
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("parity_observer", Path(__file__).parents[1] / "benchmarks" / "parity_observer.py")
+    spec = importlib.util.spec_from_file_location(
+        "parity_observer", Path(__file__).parents[1] / "benchmarks" / "parity_observer.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.main(["--problems", "60", "--traces", "6", "--seed", "3"])
@@ -89,9 +104,9 @@ def test_parity_observer_benchmark(capsys):
 
 
 def test_step_diagnostics_split_by_offset_parity_only_for_an_even_modulus():
+    from betaprm.synth import WorldConfig
     from betaprm.synth.diagnostics import step_diagnostics
     from betaprm.synth.experiment import sample_pools
-    from betaprm.synth import WorldConfig
 
     for modulus in (5, 6):
         w = World(WorldConfig(modulus=modulus))

@@ -10,15 +10,23 @@ import numpy as np
 import pytest
 import torch
 
+from betaprm.synth import World
 from betaprm.synth.experiment import demo_data
 from betaprm.synth.recipe import DemoConfig
 from betaprm.synth.training import PRM_JOBS, build_backbone, train_prms
-from betaprm.synth import World
 
 
 def test_parallel_prms_equal_sequential_training(tmp_path):
     world = World()
-    eff = DemoConfig(quick=True, n_train_problems=40, n_val_problems=2, n_test_problems=2, pretrain_tokens=5000, prm_steps=4, prm_batch=8).effective()
+    eff = DemoConfig(
+        quick=True,
+        n_train_problems=40,
+        n_val_problems=2,
+        n_test_problems=2,
+        pretrain_tokens=5000,
+        prm_steps=4,
+        prm_batch=8,
+    ).effective()
     traces, records, val_pools, *_ = demo_data(world, eff, seed=3)
     to_score = [(p.problem.question, t.steps) for p in val_pools for t in p.traces]
     par, seq = tmp_path / "par", tmp_path / "seq"
@@ -36,7 +44,9 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
         models, histories, scores = train_prms(eff, par, 3, "cpu", lines.append, to_score)
         torch.set_num_threads(1)  # one after the other in this process (the --no-parallel-prms path)
         seq_lines = []
-        ref_models, ref_histories, ref_all = train_prms(replace(eff, parallel_prms=False), seq, 3, "cpu", seq_lines.append, to_score)
+        ref_models, ref_histories, ref_all = train_prms(
+            replace(eff, parallel_prms=False), seq, 3, "cpu", seq_lines.append, to_score
+        )
         assert seq_lines[-1].startswith("scored 64 candidates (") and "same time" not in seq_lines[-1]
         for name, objective in PRM_JOBS:
             prm, history, ref_scores = ref_models[name], ref_histories[name], ref_all[name]
@@ -61,7 +71,9 @@ def test_a_failing_worker_is_named(tmp_path):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        with pytest.raises(RuntimeError, match=r"training the (standard_prm|betaprm) PRM failed in its worker process"):
+        with pytest.raises(
+            RuntimeError, match=r"training the (standard_prm|betaprm) PRM failed in its worker process"
+        ):
             train_prms(eff, tmp_path, 0, "cpu", lambda *a: None, [])
     finally:
         torch.set_num_threads(threads)

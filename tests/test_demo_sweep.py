@@ -15,14 +15,29 @@ spec.loader.exec_module(sweep)
 
 def _result(auroc):
     cal = {"mu_mae_bayes": 0.2}
-    return {"verification": {"standard_prm_auroc": auroc, "betaprm_auroc": auroc + 0.1},
-            "calibration": {"standard_prm": cal, "betaprm": {**cal, "spearman_kappa_bayes": 0.3, "coverage90": 0.9, "width90": 0.8, "bayes_width90": 0.5}},
-            "comparisons": {"betaprm_rb_minus_standard_prm_mean": {"diff": 0.01}, "best_betaprm_minus_majority_vote": {"diff": 0.04}}, "seconds": 1.0}
+    return {
+        "verification": {"standard_prm_auroc": auroc, "betaprm_auroc": auroc + 0.1},
+        "calibration": {
+            "standard_prm": cal,
+            "betaprm": {**cal, "spearman_kappa_bayes": 0.3, "coverage90": 0.9, "width90": 0.8, "bayes_width90": 0.5},
+        },
+        "comparisons": {
+            "betaprm_rb_minus_standard_prm_mean": {"diff": 0.01},
+            "best_betaprm_minus_majority_vote": {"diff": 0.04},
+        },
+        "seconds": 1.0,
+    }
 
 
 def test_flags_follow_the_demo_cli():
     assert sweep._flags({"marker_repeat": 2, "kappa_detach": False, "quick": True, "prm_lr": 5e-4}) == [
-        "--marker-repeat", "2", "--no-kappa-detach", "--quick", "--prm-lr", "0.0005"]
+        "--marker-repeat",
+        "2",
+        "--no-kappa-detach",
+        "--quick",
+        "--prm-lr",
+        "0.0005",
+    ]
 
 
 def test_summary_is_mean_and_sd_over_seeds():

@@ -21,8 +21,21 @@ def test_two_cpu_processes_end_with_the_same_parameters(tmp_path):
     data = make_counts(tmp_path / "counts.jsonl", n=48)
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(Path(__file__).parent / "dist_worker.py"), str(lm), str(data), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(Path(__file__).parent / "dist_worker.py"),
+        str(lm),
+        str(data),
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).parents[1])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     r0 = json.loads((out / "rank0.json").read_text())

@@ -17,9 +17,35 @@ def test_train_reload_score(tmp_path):
     lm = make_lm_dir(tmp_path / "lm", hidden=48)
     data = make_counts(tmp_path / "counts.jsonl", n=384, seed=3)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "betaprm", "train", "--model", str(lm), "--data", str(data), "--output-dir", str(out),
-           "--learning-rate", "2e-3", "--global-batch-size", "16", "--per-device-batch-size", "8", "--max-steps", "48",
-           "--logging-steps", "4", "--save-steps", "24", "--use-cpu", "--seed", "0", "--report-to", "tensorboard"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "betaprm",
+        "train",
+        "--model",
+        str(lm),
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--learning-rate",
+        "2e-3",
+        "--global-batch-size",
+        "16",
+        "--per-device-batch-size",
+        "8",
+        "--max-steps",
+        "48",
+        "--logging-steps",
+        "4",
+        "--save-steps",
+        "24",
+        "--use-cpu",
+        "--seed",
+        "0",
+        "--report-to",
+        "tensorboard",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "384 records (" in res.stdout and "saved the BetaPRM" in res.stdout

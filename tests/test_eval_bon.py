@@ -74,7 +74,9 @@ class _Judge:
                 gold = text.split("Reference answer: ")[1].split("\n")[0]
                 pred = text.split("Candidate answer: ")[1].split("\n")[0]
                 reply = "maybe" if broken else ("Yes." if gold.strip() == pred.strip() else "no")
-                data = json.dumps({"choices": [{"message": {"content": reply}}], "usage": {"completion_tokens": 1}}).encode()
+                data = json.dumps(
+                    {"choices": [{"message": {"content": reply}}], "usage": {"completion_tokens": 1}}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -95,7 +97,10 @@ def test_llm_judge_through_a_real_server(tmp_path, broken):
     out = tmp_path / "r.json"
     j = _Judge(broken)
     try:
-        assert main(["eval-bon", "--pools", str(a), "--out", str(out), "--judge-url", j.url, "--judge-model", "judge"]) == 0
+        assert (
+            main(["eval-bon", "--pools", str(a), "--out", str(out), "--judge-url", j.url, "--judge-model", "judge"])
+            == 0
+        )
     finally:
         j.close()
     r = json.loads(out.read_text())
@@ -104,7 +109,11 @@ def test_llm_judge_through_a_real_server(tmp_path, broken):
     if broken:  # a judge that does not answer yes/no: every check failed, nothing counted wrong
         assert b["answer_checks_failed"] == 80 and b["selectors"]["mean"]["n"] == 0
     else:
-        assert b["answer_checks_failed"] == 0 and b["selectors"]["mean"]["acc"] == 1.0 and b["selectors"]["single_pass"]["acc"] == 0.0
+        assert (
+            b["answer_checks_failed"] == 0
+            and b["selectors"]["mean"]["acc"] == 1.0
+            and b["selectors"]["single_pass"]["acc"] == 0.0
+        )
 
 
 def test_unscored_pools_need_a_model(tmp_path, capsys):

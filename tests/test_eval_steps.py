@@ -7,7 +7,14 @@ import pytest
 
 from betaprm.cli import main
 from betaprm.errors import BetaPRMInputError
-from betaprm.evaluation.steps import BenchItem, best_threshold, evaluate_steps, f1_scores, read_visualprocessbench, split_by_problem
+from betaprm.evaluation.steps import (
+    BenchItem,
+    best_threshold,
+    evaluate_steps,
+    f1_scores,
+    read_visualprocessbench,
+    split_by_problem,
+)
 
 
 def test_f1_by_hand():
@@ -22,11 +29,16 @@ def test_threshold_is_the_lowest_best_one():
     s = np.array([0.1, 0.3, 0.8, 0.9])
     y = np.array([0, 0, 1, 1], bool)
     assert best_threshold(s, y) == 0.8
-    assert best_threshold(np.array([0.5, 0.6]), np.array([0, 0], bool)) == np.inf  # all erroneous: predict none correct
+    assert (
+        best_threshold(np.array([0.5, 0.6]), np.array([0, 0], bool)) == np.inf
+    )  # all erroneous: predict none correct
 
 
 def _items(n=40):
-    return [BenchItem(f"i{i}", f"question {i % 20}", ["a", "b", "c"], [1, -1, 0], "srcA" if i % 2 else "srcB", []) for i in range(n)]
+    return [
+        BenchItem(f"i{i}", f"question {i % 20}", ["a", "b", "c"], [1, -1, 0], "srcA" if i % 2 else "srcB", [])
+        for i in range(n)
+    ]
 
 
 def test_split_keeps_a_problem_on_one_side():
@@ -61,9 +73,19 @@ def test_evaluate_by_hand():
 def _write_bench(path, with_image=False):
     rows = []
     for i in range(30):
-        rows.append({"id": f"b{i}", "question": f"What is {i} + 1?", "image": "img.png" if with_image and i == 0 else None,
-                     "response": {"steps": [f"{i} + 1 = {i + 1}", f"so the answer is {i + 1}"], "process_correctness": [1, -1 if i % 3 == 0 else 1]},
-                     "data_source": ["MathVision", "MathVerse"][i % 2], "answer": str(i + 1)})
+        rows.append(
+            {
+                "id": f"b{i}",
+                "question": f"What is {i} + 1?",
+                "image": "img.png" if with_image and i == 0 else None,
+                "response": {
+                    "steps": [f"{i} + 1 = {i + 1}", f"so the answer is {i + 1}"],
+                    "process_correctness": [1, -1 if i % 3 == 0 else 1],
+                },
+                "data_source": ["MathVision", "MathVerse"][i % 2],
+                "answer": str(i + 1),
+            }
+        )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -74,17 +96,36 @@ def test_cli_zero_shot_on_a_plain_lm(tmp_path, capsys):
     data = tmp_path / "vpb.jsonl"
     _write_bench(data)
     out = tmp_path / "res.json"
-    assert main(["eval-steps", "--model", str(lm), "--data", str(data), "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert (
+        main(
+            [
+                "eval-steps",
+                "--model",
+                str(lm),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
     assert all((tmp_path / "plots" / f).stat().st_size > 0 for f in ("reliability.png", "f1_threshold.png"))
     r = json.loads(out.read_text())
-    assert r["model_kind"] == "zero-shot" and r["score"] == "mu" and set(r["per_source"]) <= {"MathVision", "MathVerse"}
+    assert (
+        r["model_kind"] == "zero-shot" and r["score"] == "mu" and set(r["per_source"]) <= {"MathVision", "MathVerse"}
+    )
     assert 0 <= r["overall_f1"] <= 1 and r["n_steps"] > 0
     assert "overall (micro-F1)" in capsys.readouterr().out
 
 
 def test_bad_records_and_images_on_a_text_model(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"question": "q", "response": {"steps": ["a", "b"], "process_correctness": [1, 2]}}) + "\n")
+    bad.write_text(
+        json.dumps({"question": "q", "response": {"steps": ["a", "b"], "process_correctness": [1, 2]}}) + "\n"
+    )
     with pytest.raises(BetaPRMInputError, match=r"bad.jsonl:1: .*holds \[2\]"):
         read_visualprocessbench(bad)
     from tests.helpers import make_lm_dir
@@ -103,7 +144,10 @@ def test_no_annotated_validation_step_is_an_error_not_threshold_inf():
     for i in val:
         items[i] = BenchItem(items[i].id, items[i].question, ["a", "b", "c"], [0, 0, 0], items[i].source, [])
     scores = [np.array([0.8, 0.3, 0.1])] * len(items)
-    with pytest.raises(BetaPRMInputError, match=r"the validation part \(\d+ items\) holds no scored step labelled correct or incorrect"):
+    with pytest.raises(
+        BetaPRMInputError,
+        match=r"the validation part \(\d+ items\) holds no scored step labelled correct or incorrect",
+    ):
         evaluate_steps(items, scores, 0.3)
 
 
@@ -130,7 +174,23 @@ def test_truncated_traces_with_plots(tmp_path, capsys):
     data = tmp_path / "vpb.jsonl"
     _write_bench(data)
     out = tmp_path / "r.json"
-    assert main(["eval-steps", "--model", str(tmp_path / "short"), "--data", str(data), "--out", str(out), "--truncate", "steps",
-                 "--plots", str(tmp_path / "plots")]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "eval-steps",
+                "--model",
+                str(tmp_path / "short"),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--truncate",
+                "steps",
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     r = json.loads(out.read_text())
     assert r["n_unscored_steps"] > 0 and (tmp_path / "plots" / "reliability.png").stat().st_size > 0

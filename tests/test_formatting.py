@@ -20,7 +20,9 @@ def test_custom_template_and_separator_keep_braces_in_text():
     assert text == "Q a {process} b \\frac{1}{2} || s1<prm>\n{question}<prm> end"
 
 
-@pytest.mark.parametrize("template", ["no fields", "{question} only", "{question}{process}{other}", "{question}{process}{process}"])
+@pytest.mark.parametrize(
+    "template", ["no fields", "{question} only", "{question}{process}{other}", "{question}{process}{process}"]
+)
 def test_bad_templates_are_rejected(template):
     with pytest.raises(BetaPRMInputError, match="template"):
         TraceFormat(template=template)
@@ -38,7 +40,10 @@ def test_step_with_marker_text_is_a_clear_error():
 def _check_alignment(tok, fmt=TraceFormat(), n_traces=200, seed=0):
     marker_id = tok.convert_tokens_to_ids(fmt.marker)
     rng = random.Random(seed)
-    traces = [("Compute $\\int_0^1 x\\,dx$; answer Yes or No? 温度", random_steps(rng, rng.randint(1, 9))) for _ in range(n_traces)]
+    traces = [
+        ("Compute $\\int_0^1 x\\,dx$; answer Yes or No? 温度", random_steps(rng, rng.randint(1, 9)))
+        for _ in range(n_traces)
+    ]
     encoded = encode_traces(tok, marker_id, traces, fmt)
     for (_, steps), ids in zip(traces, encoded):
         assert sum(t == marker_id for t in ids) == len(steps)

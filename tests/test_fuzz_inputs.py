@@ -23,28 +23,101 @@ TIME_BOUND_S = 60
 
 COUNTS = [
     {"id": "c1", "question": "2+2?", "steps": ["2+2=4", "answer 4"], "mc_correct": [7, 8], "mc_total": 8},
-    {"id": "c2", "question": "3*3?", "steps": ["3*3=9", "answer 9"], "mc_correct": [1, 0], "mc_total": [4, 4], "answer": "9", "source": "s"},
-    {"id": "c3", "question": "soft", "steps": ["a", "b", "c"], "mc_correct": [2.5, 1.0, 0.5], "mc_total": 4, "soft": True},
+    {
+        "id": "c2",
+        "question": "3*3?",
+        "steps": ["3*3=9", "answer 9"],
+        "mc_correct": [1, 0],
+        "mc_total": [4, 4],
+        "answer": "9",
+        "source": "s",
+    },
+    {
+        "id": "c3",
+        "question": "soft",
+        "steps": ["a", "b", "c"],
+        "mc_correct": [2.5, 1.0, 0.5],
+        "mc_total": 4,
+        "soft": True,
+    },
     {"id": "c4", "question": "img", "images": ["img.png"], "steps": ["look"], "mc_correct": [1], "mc_total": 1},
 ]
 POOLS = [
-    {"id": "p1", "question": "2+2?", "answer": "4", "candidates": [{"steps": ["2+2=4", "answer 4"]}, {"steps": ["answer 5"]}]},
-    {"id": "p2", "question": "1+1?", "answer": 2, "candidates": [{"steps": ["1+1=2", "answer 2"], "mu": [0.9, 0.8], "kappa": [3.0, 4.0], "sigma": [0.1, 0.2]}]},
+    {
+        "id": "p1",
+        "question": "2+2?",
+        "answer": "4",
+        "candidates": [{"steps": ["2+2=4", "answer 4"]}, {"steps": ["answer 5"]}],
+    },
+    {
+        "id": "p2",
+        "question": "1+1?",
+        "answer": 2,
+        "candidates": [{"steps": ["1+1=2", "answer 2"], "mu": [0.9, 0.8], "kappa": [3.0, 4.0], "sigma": [0.1, 0.2]}],
+    },
     {"id": "p3", "question": "q", "candidates": [{"steps": ["x"], "mu": [0.5], "kappa": [1.0], "sigma": [0.0]}]},
 ]
-PROBLEMS = [{"id": "a", "question": "2+2?", "answer": "4"}, {"id": 7, "question": "1+1?", "answer": 2}, {"id": "c", "question": "x?", "answer": "x"}]
-VPB = [
-    {"id": "v1", "question": "2+2?", "data_source": "s", "image": "a.png", "response": {"steps": ["2+2=4", "answer 4"], "process_correctness": [1, -1]}},
-    {"question": "q", "response": {"steps": ["x", "y", "z"], "process_correctness": [0, 1, 1]}, "image": ["a.png", "b.png"]},
+PROBLEMS = [
+    {"id": "a", "question": "2+2?", "answer": "4"},
+    {"id": 7, "question": "1+1?", "answer": 2},
+    {"id": "c", "question": "x?", "answer": "x"},
 ]
-CONVERTER_INPUTS = {"visualprm-raw": "visualprm_raw.jsonl", "prm800k": "prm800k.jsonl", "trl": "trl_stepwise.jsonl", "math-shepherd": "math_shepherd.jsonl"}
+VPB = [
+    {
+        "id": "v1",
+        "question": "2+2?",
+        "data_source": "s",
+        "image": "a.png",
+        "response": {"steps": ["2+2=4", "answer 4"], "process_correctness": [1, -1]},
+    },
+    {
+        "question": "q",
+        "response": {"steps": ["x", "y", "z"], "process_correctness": [0, 1, 1]},
+        "image": ["a.png", "b.png"],
+    },
+]
+CONVERTER_INPUTS = {
+    "visualprm-raw": "visualprm_raw.jsonl",
+    "prm800k": "prm800k.jsonl",
+    "trl": "trl_stepwise.jsonl",
+    "math-shepherd": "math_shepherd.jsonl",
+}
 DATA = Path(__file__).parent / "data"
 
 # Values that stand in for a field; the "__X__" ones are swapped for text json cannot write.
-SPECIAL = {'"__HUGE__"': "9" * 4400, '"__NAN__"': "NaN", '"__INF__"': "-Infinity", '"__DEEP__"': "[" * 5000 + "]" * 5000,
-           '"__DEEP900__"': "[" * 900 + "]" * 900, '"__BIGFLOAT__"': "1e400", '"__BIGINT__"': "1" + "0" * 40}
-BAD_VALUES = ["x", "", "   ", [], [1, 2], [[1]], ["a", None], {"a": 1}, {}, None, True, False, -1, 0, 1, 2**31, 1.5, -0.5,
-              "<prm>", "a\u2028b", "é\x00", *[k.strip('"') for k in SPECIAL]]
+SPECIAL = {
+    '"__HUGE__"': "9" * 4400,
+    '"__NAN__"': "NaN",
+    '"__INF__"': "-Infinity",
+    '"__DEEP__"': "[" * 5000 + "]" * 5000,
+    '"__DEEP900__"': "[" * 900 + "]" * 900,
+    '"__BIGFLOAT__"': "1e400",
+    '"__BIGINT__"': "1" + "0" * 40,
+}
+BAD_VALUES = [
+    "x",
+    "",
+    "   ",
+    [],
+    [1, 2],
+    [[1]],
+    ["a", None],
+    {"a": 1},
+    {},
+    None,
+    True,
+    False,
+    -1,
+    0,
+    1,
+    2**31,
+    1.5,
+    -0.5,
+    "<prm>",
+    "a\u2028b",
+    "é\x00",
+    *[k.strip('"') for k in SPECIAL],
+]
 
 
 def retype(rng, obj):
@@ -169,14 +242,22 @@ def test_read_visualprocessbench_on_damaged_files(tmp_path, clock):
 
 def test_convert_on_damaged_inputs(tmp_path, capsys, clock):
     rng = random.Random(f"{SEED}/convert")
-    sources = {fmt: [json.loads(x) for x in (DATA / name).read_text().splitlines() if x.strip()] for fmt, name in CONVERTER_INPUTS.items()}
+    sources = {
+        fmt: [json.loads(x) for x in (DATA / name).read_text().splitlines() if x.strip()]
+        for fmt, name in CONVERTER_INPUTS.items()
+    }
     for i in range(COPIES):
         fmt = rng.choice(sorted(sources))
         data = damaged(rng, sources[fmt])
         src, out = tmp_path / f"in{i}.jsonl", tmp_path / f"out{i}.jsonl"
         src.write_bytes(data)
         skip = rng.random() < 0.5
-        check_cli(["convert", "--from", fmt, "--input", str(src), "--output", str(out), "--soft-n", "8"] + (["--on-error", "skip"] if skip else []), capsys, src)
+        check_cli(
+            ["convert", "--from", fmt, "--input", str(src), "--output", str(out), "--soft-n", "8"]
+            + (["--on-error", "skip"] if skip else []),
+            capsys,
+            src,
+        )
         if out.exists():
             written = [json.loads(x) for x in out.read_text().splitlines()]
             rejects = Path(str(out.with_suffix("")) + ".rejects.jsonl")

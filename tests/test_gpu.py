@@ -43,7 +43,9 @@ def test_bf16_autocast_scoring_matches_cpu_float32(bpe_tokenizer):
 
 def test_bf16_backbone_trains_with_float32_loss(bpe_tokenizer):
     tok = fresh_tokenizer(bpe_tokenizer)
-    prm = BetaPRM.from_backbone(tiny_causal_lm(len(tok), hidden_size=128, num_layers=2).to(torch.bfloat16), tok).to("cuda")
+    prm = BetaPRM.from_backbone(tiny_causal_lm(len(tok), hidden_size=128, num_layers=2).to(torch.bfloat16), tok).to(
+        "cuda"
+    )
     assert next(prm.backbone.parameters()).dtype == torch.bfloat16
     assert prm.kappa_head.weight.dtype == torch.float32
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [("q", c) for c in _cands(4)])
@@ -77,8 +79,17 @@ def test_train_in_bf16_on_gpu(tmp_path):
 
     lm = make_lm_dir(tmp_path / "lm", hidden=64)
     data = make_counts(tmp_path / "counts.jsonl", n=64)
-    cfg = TrainConfig(model=str(lm), data=str(data), output_dir=str(tmp_path / "run"), global_batch_size=8, per_device_batch_size=8,
-                      learning_rate=1e-3, max_steps=8, logging_steps=2, save_steps=4)
+    cfg = TrainConfig(
+        model=str(lm),
+        data=str(data),
+        output_dir=str(tmp_path / "run"),
+        global_batch_size=8,
+        per_device_batch_size=8,
+        learning_rate=1e-3,
+        max_steps=8,
+        logging_steps=2,
+        save_steps=4,
+    )
     prm, trainer, _ = train(cfg)
     assert trainer.args.bf16 and prm.device.type == "cuda"  # precision auto -> bf16 on a bf16 GPU
     logs = [h for h in trainer.state.log_history if "loss" in h]

@@ -18,7 +18,10 @@ from betaprm.generation.factory import BackendOptions, build_generator
 from betaprm.generation.openai import OpenAIGenerator
 
 KEY_ENV = "BETAPRM_TEST_KEY"
-CHAT = {"choices": [{"message": {"role": "assistant", "content": "yes, the answer is \\boxed{7}"}}], "usage": {"completion_tokens": 5}}
+CHAT = {
+    "choices": [{"message": {"role": "assistant", "content": "yes, the answer is \\boxed{7}"}}],
+    "usage": {"completion_tokens": 5},
+}
 
 
 class _Server:
@@ -90,9 +93,18 @@ def _client(url, **kw):
 def _pools(path, n=20):
     """Pools already scored (mu, kappa, sigma), so eval-bon only checks answers."""
     steps = [["3 + 5 = 8", "The answer is \\boxed{8}"], ["3 + 4 = 7", "The answer is \\boxed{7}"]]
-    recs = [{"id": f"p{i}", "question": f"q{i}", "answer": "7",
-             "candidates": [{"steps": s, "mu": [0.5, 0.6 + 0.1 * j], "kappa": [4, 4], "sigma": [0.1, 0.1]} for j, s in enumerate(steps)]}
-            for i in range(n)]
+    recs = [
+        {
+            "id": f"p{i}",
+            "question": f"q{i}",
+            "answer": "7",
+            "candidates": [
+                {"steps": s, "mu": [0.5, 0.6 + 0.1 * j], "kappa": [4, 4], "sigma": [0.1, 0.1]}
+                for j, s in enumerate(steps)
+            ],
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
 
@@ -105,7 +117,9 @@ def test_generation_refuses_a_redirect_and_nothing_reaches_its_target():
     still carried the Authorization header, and took that server's reply as the answer."""
     with _Server(_ok) as elsewhere, _Server(_redirect_to(elsewhere.url)) as srv:
         t0 = time.perf_counter()
-        with pytest.raises(BetaPRMInputError, match=r"HTTP 302, a redirect to .*127\.0\.0\.1.*redirects are not followed.*--base-url") as e:
+        with pytest.raises(
+            BetaPRMInputError, match=r"HTTP 302, a redirect to .*127\.0\.0\.1.*redirects are not followed.*--base-url"
+        ) as e:
             _client(srv.url, api_key="secret-key").generate([GenerationRequest("q", [], 1)])
         assert srv.url in str(e.value) and elsewhere.url in str(e.value)
         assert len(srv.requests) == 1  # refused at once, not retried
@@ -119,7 +133,19 @@ def test_judge_refuses_a_redirect_exit_2_and_the_key_stays_home(tmp_path, monkey
     monkeypatch.setenv(KEY_ENV, "secret-key")
     pools = _pools(tmp_path / "bench.jsonl")
     with _Server(_ok) as elsewhere, _Server(_redirect_to(elsewhere.url)) as judge:
-        rc = main(["eval-bon", "--pools", str(pools), "--judge-url", judge.url, "--judge-model", "j", "--api-key-env", KEY_ENV])
+        rc = main(
+            [
+                "eval-bon",
+                "--pools",
+                str(pools),
+                "--judge-url",
+                judge.url,
+                "--judge-model",
+                "j",
+                "--api-key-env",
+                KEY_ENV,
+            ]
+        )
         assert rc == 2
         err = capsys.readouterr().err
         assert "redirect to" in err and elsewhere.url in err and "--judge-url" in err and "Traceback" not in err
@@ -137,12 +163,45 @@ def test_eval_bon_judge_gets_a_key_only_with_api_key_env(tmp_path, monkeypatch):
     monkeypatch.setenv(KEY_ENV, "chosen-key")
     pools = _pools(tmp_path / "bench.jsonl")
     with _Server(_ok) as judge:
-        assert main(["eval-bon", "--pools", str(pools), "--judge-url", judge.url, "--judge-model", "j", "--out", str(tmp_path / "a.json")]) == 0
+        assert (
+            main(
+                [
+                    "eval-bon",
+                    "--pools",
+                    str(pools),
+                    "--judge-url",
+                    judge.url,
+                    "--judge-model",
+                    "j",
+                    "--out",
+                    str(tmp_path / "a.json"),
+                ]
+            )
+            == 0
+        )
         assert judge.requests and all("Authorization" not in h for _, _, h in judge.requests)
         n = len(judge.requests)
-        assert main(["eval-bon", "--pools", str(pools), "--judge-url", judge.url, "--judge-model", "j", "--api-key-env", KEY_ENV,
-                     "--out", str(tmp_path / "b.json")]) == 0
-        assert len(judge.requests) > n and all(h.get("Authorization") == "Bearer chosen-key" for _, _, h in judge.requests[n:])
+        assert (
+            main(
+                [
+                    "eval-bon",
+                    "--pools",
+                    str(pools),
+                    "--judge-url",
+                    judge.url,
+                    "--judge-model",
+                    "j",
+                    "--api-key-env",
+                    KEY_ENV,
+                    "--out",
+                    str(tmp_path / "b.json"),
+                ]
+            )
+            == 0
+        )
+        assert len(judge.requests) > n and all(
+            h.get("Authorization") == "Bearer chosen-key" for _, _, h in judge.requests[n:]
+        )
 
 
 def test_openai_backend_gets_a_key_only_with_api_key_env(tmp_path, monkeypatch):
@@ -151,15 +210,38 @@ def test_openai_backend_gets_a_key_only_with_api_key_env(tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "ambient-key")
     monkeypatch.setenv(KEY_ENV, "chosen-key")
     with _Server(_ok) as srv:
-        build_generator(BackendOptions(backend="openai", policy="m", base_url=srv.url)).generate([GenerationRequest("q", [], 1)])
+        build_generator(BackendOptions(backend="openai", policy="m", base_url=srv.url)).generate(
+            [GenerationRequest("q", [], 1)]
+        )
         assert len(srv.requests) == 1 and "Authorization" not in srv.requests[0][2]
         # Through the CLI: `betaprm label --backend openai --api-key-env NAME`.
         src = tmp_path / "traces.jsonl"
-        src.write_text(json.dumps({"id": "a", "question": "q", "answer": "7", "steps": ["3 + 4 = 7", "The answer is 7"]}) + "\n")
-        rc = main(["label", "--backend", "openai", "--policy", "m", "--base-url", srv.url, "--input", str(src), "--out", str(tmp_path / "l.jsonl"),
-                   "--n", "2", "--api-key-env", KEY_ENV])
+        src.write_text(
+            json.dumps({"id": "a", "question": "q", "answer": "7", "steps": ["3 + 4 = 7", "The answer is 7"]}) + "\n"
+        )
+        rc = main(
+            [
+                "label",
+                "--backend",
+                "openai",
+                "--policy",
+                "m",
+                "--base-url",
+                srv.url,
+                "--input",
+                str(src),
+                "--out",
+                str(tmp_path / "l.jsonl"),
+                "--n",
+                "2",
+                "--api-key-env",
+                KEY_ENV,
+            ]
+        )
         assert rc == 0
-        assert len(srv.requests) > 1 and all(h.get("Authorization") == "Bearer chosen-key" for _, _, h in srv.requests[1:])
+        assert len(srv.requests) > 1 and all(
+            h.get("Authorization") == "Bearer chosen-key" for _, _, h in srv.requests[1:]
+        )
 
 
 @pytest.mark.parametrize("value", [None, ""])
@@ -176,12 +258,35 @@ def test_unset_key_variable_exits_2_naming_it(tmp_path, monkeypatch, capsys, com
     out = str(tmp_path / "o.jsonl")
     argv = {
         "label": ["label", "--backend", "openai", "--policy", "m", "--input", str(src), "--out", out],
-        "aca": ["aca", "--backend", "openai", "--policy", "m", "--problems", str(src), "--model", str(tmp_path), "--out", out],
-        "eval-bon": ["eval-bon", "--pools", str(_pools(tmp_path / "bench.jsonl")), "--judge-url", "http://127.0.0.1:9/v1", "--judge-model", "j"],
+        "aca": [
+            "aca",
+            "--backend",
+            "openai",
+            "--policy",
+            "m",
+            "--problems",
+            str(src),
+            "--model",
+            str(tmp_path),
+            "--out",
+            out,
+        ],
+        "eval-bon": [
+            "eval-bon",
+            "--pools",
+            str(_pools(tmp_path / "bench.jsonl")),
+            "--judge-url",
+            "http://127.0.0.1:9/v1",
+            "--judge-model",
+            "j",
+        ],
     }[command]
     assert main(argv + ["--api-key-env", KEY_ENV]) == 2
     err = capsys.readouterr().err
-    assert f"--api-key-env {KEY_ENV}: the environment variable {KEY_ENV} is unset or empty" in err and "Traceback" not in err
+    assert (
+        f"--api-key-env {KEY_ENV}: the environment variable {KEY_ENV} is unset or empty" in err
+        and "Traceback" not in err
+    )
 
 
 # ---------------------------------------------------------------- deadlines and size
@@ -229,7 +334,9 @@ def test_an_oversized_answer_fails_cleanly(length):
         _send(h, 200, data, length=length)
 
     with _Server(huge) as srv:
-        with pytest.raises(GenerationError, match=rf"{srv.url}/chat/completions sent an answer larger than 10000 bytes"):
+        with pytest.raises(
+            GenerationError, match=rf"{srv.url}/chat/completions sent an answer larger than 10000 bytes"
+        ):
             _client(srv.url, max_response_bytes=10_000, max_retries=2).generate([GenerationRequest("q", [], 1)])
         assert len(srv.requests) == 1  # not retried
         # Within the cap, the same answer is read.
@@ -245,18 +352,33 @@ def test_a_base_url_that_is_not_http_is_an_input_error():
             _client(url)
 
 
-@pytest.mark.parametrize("flag,value,expected", [
-    ("--request-timeout", "nan", "--request-timeout must be a number of seconds > 0"),
-    ("--request-timeout", "-5", "--request-timeout must be a number of seconds > 0"),
-    ("--check-timeout", "nan", "--check-timeout must be a number of seconds > 0"),
-    ("--base-url", "http://127.0.0.1:80000/v1", "has a bad port"),
-])
+@pytest.mark.parametrize(
+    "flag,value,expected",
+    [
+        ("--request-timeout", "nan", "--request-timeout must be a number of seconds > 0"),
+        ("--request-timeout", "-5", "--request-timeout must be a number of seconds > 0"),
+        ("--check-timeout", "nan", "--check-timeout must be a number of seconds > 0"),
+        ("--base-url", "http://127.0.0.1:80000/v1", "has a bad port"),
+    ],
+)
 def test_bad_http_and_check_options_exit_2(tmp_path, capsys, flag, value, expected):
     """Before: socket.settimeout(nan) and a port over 65535 raised ValueError tracebacks,
     and --check-timeout nan never killed a hung check."""
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"id": "a", "question": "q", "answer": "7", "steps": ["The answer is 7"]}) + "\n")
-    argv = ["label", "--backend", "openai", "--policy", "m", "--input", str(src), "--out", str(tmp_path / "o.jsonl"), flag, value]
+    argv = [
+        "label",
+        "--backend",
+        "openai",
+        "--policy",
+        "m",
+        "--input",
+        str(src),
+        "--out",
+        str(tmp_path / "o.jsonl"),
+        flag,
+        value,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err

@@ -47,7 +47,10 @@ def _write_traces(path, problems, world, bad_gold=None):
         for p in problems:
             t = pol.sample_traces(p, 1)[0]
             gold = bad_gold if bad_gold and p is problems[-1] else str(p.answer)
-            f.write(json.dumps({"id": p.id, "question": p.question, "answer": gold, "candidates": [{"steps": t.steps}]}) + "\n")
+            f.write(
+                json.dumps({"id": p.id, "question": p.question, "answer": gold, "candidates": [{"steps": t.steps}]})
+                + "\n"
+            )
 
 
 def test_text_labelling_through_a_real_server(tmp_path):
@@ -61,8 +64,25 @@ def test_text_labelling_through_a_real_server(tmp_path):
     srv = SynthServer(problems)
     out = tmp_path / "lab.jsonl"
     try:
-        rc = main(["label", "--backend", "openai", "--policy", "synth-policy", "--base-url", srv.url, "--input", str(src), "--out", str(out),
-                   "--n", "8", "--concurrency", "4"])
+        rc = main(
+            [
+                "label",
+                "--backend",
+                "openai",
+                "--policy",
+                "synth-policy",
+                "--base-url",
+                srv.url,
+                "--input",
+                str(src),
+                "--out",
+                str(out),
+                "--n",
+                "8",
+                "--concurrency",
+                "4",
+            ]
+        )
     finally:
         srv.close()
     assert rc == 0
@@ -96,8 +116,12 @@ def test_resume_after_an_interrupted_write_equals_the_uninterrupted_run(tmp_path
 
 def test_label_input_errors_name_the_line(tmp_path, capsys):
     src = tmp_path / "bad.jsonl"
-    src.write_text('{"id": "a", "question": "q", "answer": "1", "steps": ["x"]}\n{"id": "b", "question": "q", "steps": ["x"]}\n')
-    rc = main(["label", "--backend", "openai", "--policy", "m", "--input", str(src), "--out", str(tmp_path / "o.jsonl")])
+    src.write_text(
+        '{"id": "a", "question": "q", "answer": "1", "steps": ["x"]}\n{"id": "b", "question": "q", "steps": ["x"]}\n'
+    )
+    rc = main(
+        ["label", "--backend", "openai", "--policy", "m", "--input", str(src), "--out", str(tmp_path / "o.jsonl")]
+    )
     assert rc == 2 and f"{src}:2: field 'answer' is missing" in capsys.readouterr().err
     assert main(["label", "--backend", "openai", "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "--backend openai needs --policy" in capsys.readouterr().err
@@ -119,8 +143,37 @@ def test_label_with_a_local_transformers_policy(tmp_path):
 
     lm = make_lm_dir(tmp_path / "lm")
     src = tmp_path / "t.jsonl"
-    src.write_text(json.dumps({"id": "a", "question": "What is 1 + 2?", "answer": "3", "steps": ["1 + 2 = 3", "The answer is \\boxed{3}"]}) + "\n")
+    src.write_text(
+        json.dumps(
+            {
+                "id": "a",
+                "question": "What is 1 + 2?",
+                "answer": "3",
+                "steps": ["1 + 2 = 3", "The answer is \\boxed{3}"],
+            }
+        )
+        + "\n"
+    )
     out = tmp_path / "o.jsonl"
-    assert main(["label", "--backend", "transformers", "--policy", str(lm), "--input", str(src), "--out", str(out), "--n", "3", "--max-new-tokens", "8"]) == 0
+    assert (
+        main(
+            [
+                "label",
+                "--backend",
+                "transformers",
+                "--policy",
+                str(lm),
+                "--input",
+                str(src),
+                "--out",
+                str(out),
+                "--n",
+                "3",
+                "--max-new-tokens",
+                "8",
+            ]
+        )
+        == 0
+    )
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["mc_total"] == [3, 3] and rec["mc_correct"][1] == 3 and 0 <= rec["mc_correct"][0] <= 3

@@ -129,7 +129,9 @@ def test_scoring_peak_memory_stays_under_a_bound(long_prm, tmp_path):
     traces = long_traces(_len_fn(prm))
     path = tmp_path / "traces.json"
     path.write_text(json.dumps(traces))
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(long_prm), str(path), "8192"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(long_prm), str(path), "8192"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["n"] == 64
@@ -143,7 +145,9 @@ def test_over_long_trace_is_an_error_or_cut_to_whole_steps(long_prm):
     tok_len = _len_fn(prm)
     traces = long_traces(tok_len, n=2, lo=100, hi=3000)
     long_one = max(traces, key=lambda t: tok_len(*t))
-    with pytest.raises(BetaPRMInputError, match=r"pool7: \d+ tokens, more than the model's 2048 positions; pass --truncate steps"):
+    with pytest.raises(
+        BetaPRMInputError, match=r"pool7: \d+ tokens, more than the model's 2048 positions; pass --truncate steps"
+    ):
         score_traces(prm, [long_one], names=["pool7"])
     cut = score_traces(prm, [long_one], truncate="steps")[0]
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [long_one], prm.config.trace_format)
@@ -162,7 +166,9 @@ def test_score_token_ids_keeps_no_graph(long_prm):
     prm = BetaPRM.from_pretrained(long_prm)
     prm.train()
     seen = []
-    hook = prm._decoder().register_forward_hook(lambda mod, args, out: seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled())))
+    hook = prm._decoder().register_forward_hook(
+        lambda mod, args, out: seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+    )
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, [("q", ["a b", "c"])], prm.config.trace_format)
     with torch.enable_grad():
         s = score_token_ids(prm, ids)
@@ -182,14 +188,22 @@ def test_score_cli_over_long_candidates(long_prm, tmp_path, capsys):
     prm = BetaPRM.from_pretrained(long_prm)
     traces = long_traces(_len_fn(prm), n=2, lo=100, hi=3000)
     pools = tmp_path / "pools.jsonl"
-    pools.write_text("".join(json.dumps({"id": f"p{i}", "question": q, "answer": "7", "candidates": [{"steps": s}]}) + "\n" for i, (q, s) in enumerate(traces)))
+    pools.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "question": q, "answer": "7", "candidates": [{"steps": s}]}) + "\n"
+            for i, (q, s) in enumerate(traces)
+        )
+    )
     long_id = max(range(2), key=lambda i: _len_fn(prm)(*traces[i]))
     out = tmp_path / "scored.jsonl"
     assert main(["score", "--model", str(long_prm), "--input", str(pools), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"record 'p{long_id}' candidate 0: " in err and "more than the model's 2048 positions" in err
     assert not out.exists() or out.read_text() == ""
-    assert main(["score", "--model", str(long_prm), "--input", str(pools), "--output", str(out), "--truncate", "steps"]) == 0
+    assert (
+        main(["score", "--model", str(long_prm), "--input", str(pools), "--output", str(out), "--truncate", "steps"])
+        == 0
+    )
     recs = {r["id"]: r["candidates"][0] for r in map(json.loads, open(out))}
     cut = recs[f"p{long_id}"]
     assert 1 <= cut["steps_scored"] == len(cut["mu"]) < len(cut["steps"])

@@ -90,7 +90,9 @@ def test_batched_equals_one_by_one_and_one_pass_per_candidate(bpe_tokenizer, arc
         prm.kappa_head.weight.normal_(0, 0.5)
     cands = [s for _, s in traces(11, seed=3)]
     rows_seen = []
-    hook = prm.backbone.base_model.register_forward_hook(lambda m, a, kw, o: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    hook = prm.backbone.base_model.register_forward_hook(
+        lambda m, a, kw, o: rows_seen.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     batched = prm.score("Q?", cands, batch_size=4)
     hook.remove()
     assert rows_seen == [4, 4, 3]  # 11 candidates, each in exactly one forward row
@@ -195,7 +197,7 @@ def test_from_backbone_path_and_smollm2_tokenizer(tmp_path, smollm2_tokenizer):
     model.save_pretrained(tmp_path / "lm")
     tok.save_pretrained(tmp_path / "lm")
     prm = BetaPRM.from_backbone(str(tmp_path / "lm"), chat_template=True)
-    assert prm.config.reward_token_ids == tuple(tok.encode(w) [0] for w in ("Yes", "No"))
+    assert prm.config.reward_token_ids == tuple(tok.encode(w)[0] for w in ("Yes", "No"))
     scores = prm.score("What is 2+2?", [["2+2=4", "The answer is 4."]])
     assert len(scores[0]) == 2 and np.all((scores[0].mu > 0) & (scores[0].mu < 1))
 

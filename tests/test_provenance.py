@@ -41,13 +41,23 @@ def write_pools(path, n, seed=0):
     rng = random.Random(seed)
     with open(path, "w") as f:
         for i in range(n):
-            cands = [{"steps": [f"{rng.randint(0, 9)} + {rng.randint(0, 9)} = {rng.randint(0, 18)}" for _ in range(rng.randint(1, 3))]} for _ in range(3)]
+            cands = [
+                {
+                    "steps": [
+                        f"{rng.randint(0, 9)} + {rng.randint(0, 9)} = {rng.randint(0, 18)}"
+                        for _ in range(rng.randint(1, 3))
+                    ]
+                }
+                for _ in range(3)
+            ]
             f.write(json.dumps({"id": f"p{i}", "question": f"problem {i}", "answer": "7", "candidates": cands}) + "\n")
     return path
 
 
 def score(model, pools, out, *extra):
-    return main(["score", "--model", str(model), "--input", str(pools), "--output", str(out), "--device", "cpu", *extra])
+    return main(
+        ["score", "--model", str(model), "--input", str(pools), "--output", str(out), "--device", "cpu", *extra]
+    )
 
 
 # ---------------------------------------------------------------- fingerprints
@@ -98,7 +108,9 @@ def test_score_resumed_with_another_batch_size_continues(prms, tmp_path, capsys)
     a, _ = prms
     out = tmp_path / "out.jsonl"
     assert score(a, write_pools(tmp_path / "three.jsonl", 3), out, "--batch-size", "2") == 0
-    assert score(a, write_pools(tmp_path / "six.jsonl", 6), out, "--batch-size", "5", "--max-batch-tokens", "4096") == 0
+    assert (
+        score(a, write_pools(tmp_path / "six.jsonl", 6), out, "--batch-size", "5", "--max-batch-tokens", "4096") == 0
+    )
     assert "3 already in" in capsys.readouterr().out
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert ids == [f"p{i}" for i in range(6)]
@@ -114,8 +126,10 @@ def test_a_second_score_process_is_locked_out(prms, tmp_path, capsys):
     a, _ = prms
     pools = write_pools(tmp_path / "pools.jsonl", 4)
     out = tmp_path / "out.jsonl"
-    holder = ("import sys, time\nfrom betaprm.provenance import open_output\n"
-              "with open_output(sys.argv[1], {}, flag='--output'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
+    holder = (
+        "import sys, time\nfrom betaprm.provenance import open_output\n"
+        "with open_output(sys.argv[1], {}, flag='--output'):\n    print('locked', flush=True)\n    time.sleep(120)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", holder, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
@@ -140,7 +154,23 @@ def test_aca_resumed_with_another_variant_stops(prms, tmp_path, capsys):
     """Fails before this change: `--variant aca` on best-of-n records skipped every
     problem already there and reported the best-of-n records as ACA's."""
     a, _ = prms
-    common = ["aca", "--model", str(a), "--n-problems", "3", "--budget", "4", "--n0", "2", "--m", "2", "--final", "lin", "--device", "cpu"]
+    common = [
+        "aca",
+        "--model",
+        str(a),
+        "--n-problems",
+        "3",
+        "--budget",
+        "4",
+        "--n0",
+        "2",
+        "--m",
+        "2",
+        "--final",
+        "lin",
+        "--device",
+        "cpu",
+    ]
     out = tmp_path / "aca.jsonl"
     assert main([*common, "--variant", "best-of-n", "--out", str(out)]) == 0
     before = out.read_bytes()
@@ -174,8 +204,29 @@ def train_setup(tmp_path_factory):
 
 
 def train_args(lm, data, out, *extra):
-    return ["train", "--model", str(lm), "--data", str(data), "--output-dir", str(out), "--global-batch-size", "4", "--per-device-batch-size", "4",
-            "--learning-rate", "1e-3", "--max-steps", "2", "--save-steps", "1", "--logging-steps", "1", "--use-cpu", *extra]
+    return [
+        "train",
+        "--model",
+        str(lm),
+        "--data",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--global-batch-size",
+        "4",
+        "--per-device-batch-size",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--max-steps",
+        "2",
+        "--save-steps",
+        "1",
+        "--logging-steps",
+        "1",
+        "--use-cpu",
+        *extra,
+    ]
 
 
 def snapshot(folder):
@@ -193,7 +244,11 @@ def test_train_refuses_a_used_output_dir(train_setup, tmp_path, capsys):
     capsys.readouterr()
     assert main(train_args(lm, data, out, "--seed", "7")) == 2
     err = capsys.readouterr().err
-    assert f"--output-dir {out} is not empty" in err and "--overwrite-output-dir" in err and "--resume-from-checkpoint last" in err
+    assert (
+        f"--output-dir {out} is not empty" in err
+        and "--overwrite-output-dir" in err
+        and "--resume-from-checkpoint last" in err
+    )
     assert snapshot(out) == before
     # Starting anew is explicit; the earlier run's checkpoints go, so none can be mistaken for this run's.
     (out / "checkpoint-99").mkdir()
@@ -213,11 +268,14 @@ def one_step_run(train_setup, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("change, key", [
-    (("--learning-rate", "2e-3"), "--learning-rate: 0.001 before, 0.002 now"),
-    (("--data", "OTHER"), "--data:"),
-    (("--objective", "soft-ce"), "--objective: 'beta-binomial' before, 'soft-ce' now"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (("--learning-rate", "2e-3"), "--learning-rate: 0.001 before, 0.002 now"),
+        (("--data", "OTHER"), "--data:"),
+        (("--objective", "soft-ce"), "--objective: 'beta-binomial' before, 'soft-ce' now"),
+    ],
+)
 def test_train_resume_under_other_settings_stops(train_setup, one_step_run, capsys, change, key):
     """Fails before this change: a resume with another --learning-rate or --data ran on
     silently under the checkpoint's optimiser state and schedule; another --objective
@@ -227,7 +285,11 @@ def test_train_resume_under_other_settings_stops(train_setup, one_step_run, caps
     before = snapshot(out)
     flag, value = change
     # The changed flag comes last: argparse keeps the last of a flag given twice.
-    args = [*train_args(lm, data, out, "--max-steps", "1", "--resume-from-checkpoint", "last"), flag, str(other) if value == "OTHER" else value]
+    args = [
+        *train_args(lm, data, out, "--max-steps", "1", "--resume-from-checkpoint", "last"),
+        flag,
+        str(other) if value == "OTHER" else value,
+    ]
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -243,13 +305,21 @@ def test_train_resume_under_other_settings_stops(train_setup, one_step_run, caps
 def test_eval_bon_out_records_its_settings(tmp_path):
     """Fails before this change: the --out JSON had the results but not what made them."""
     pools = tmp_path / "bench.jsonl"
-    c = [{"steps": ["3 + 4 = 8", "The answer is \\boxed{8}"], "mu": [0.5, 0.4], "kappa": [4, 4], "sigma": [0.2, 0.2]},
-         {"steps": ["3 + 4 = 7", "The answer is \\boxed{7}"], "mu": [0.9, 0.9], "kappa": [4, 4], "sigma": [0.1, 0.1]}]
-    pools.write_text("".join(json.dumps({"id": f"p{i}", "question": "3 + 4?", "answer": "7", "candidates": c}) + "\n" for i in range(10)))
+    c = [
+        {"steps": ["3 + 4 = 8", "The answer is \\boxed{8}"], "mu": [0.5, 0.4], "kappa": [4, 4], "sigma": [0.2, 0.2]},
+        {"steps": ["3 + 4 = 7", "The answer is \\boxed{7}"], "mu": [0.9, 0.9], "kappa": [4, 4], "sigma": [0.1, 0.1]},
+    ]
+    pools.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "question": "3 + 4?", "answer": "7", "candidates": c}) + "\n" for i in range(10)
+        )
+    )
     out = tmp_path / "r.json"
     assert main(["eval-bon", "--pools", str(pools), "--out", str(out), "--seed", "3"]) == 0
     prov = json.loads(out.read_text())["provenance"]
-    assert prov["settings"]["seed"] == 3 and prov["settings"]["val_fraction"] == 0.2 and prov["settings"]["model"] is None
+    assert (
+        prov["settings"]["seed"] == 3 and prov["settings"]["val_fraction"] == 0.2 and prov["settings"]["model"] is None
+    )
     assert list(prov["settings"]["pools"]) == [str(pools)] and len(prov["settings"]["pools"][str(pools)]) == 16
     assert "batch_size" not in prov["settings"] and prov["info"]["betaprm"]
 

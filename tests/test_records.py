@@ -77,7 +77,11 @@ def test_skip_writes_rejects_and_keeps_the_rest(tmp_path):
 def test_validate_command_exit_status(tmp_path):
     path = damaged_lines(tmp_path)
     bad = subprocess.run([sys.executable, "-m", "betaprm", "validate", str(path)], capture_output=True, text=True)
-    assert bad.returncode == 2 and "3 good records, 10 bad" in bad.stdout and f"{path}:2: field 'mc_correct[0]'" in bad.stdout
+    assert (
+        bad.returncode == 2
+        and "3 good records, 10 bad" in bad.stdout
+        and f"{path}:2: field 'mc_correct[0]'" in bad.stdout
+    )
     clean = tmp_path / "clean.jsonl"
     clean.write_text(json.dumps(GOOD) + "\n")
     ok = subprocess.run([sys.executable, "-m", "betaprm", "validate", str(clean)], capture_output=True, text=True)

@@ -35,7 +35,15 @@ def write_pools(path, n, seed=0, n_cands=4):
     rng = random.Random(seed)
     with open(path, "w") as f:
         for i in range(n):
-            cands = [{"steps": [f"{rng.randint(0, 9)} + {rng.randint(0, 9)} = {rng.randint(0, 18)}" for _ in range(rng.randint(1, 6))]} for _ in range(n_cands)]
+            cands = [
+                {
+                    "steps": [
+                        f"{rng.randint(0, 9)} + {rng.randint(0, 9)} = {rng.randint(0, 18)}"
+                        for _ in range(rng.randint(1, 6))
+                    ]
+                }
+                for _ in range(n_cands)
+            ]
             f.write(json.dumps({"id": f"p{i}", "question": f"problem {i}", "answer": "7", "candidates": cands}) + "\n")
     return path
 
@@ -79,7 +87,22 @@ def test_resume_skips_done_ids_and_drops_a_partial_line(tmp_path, prm_dir, capsy
 def test_killed_process_resumes_without_loss_or_duplicates(tmp_path, prm_dir):
     pools = write_pools(tmp_path / "pools.jsonl", 400, n_cands=8)
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "betaprm", "score", "--model", str(prm_dir), "--input", str(pools), "--output", str(out), "--batch-size", "8", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "betaprm",
+        "score",
+        "--model",
+        str(prm_dir),
+        "--input",
+        str(pools),
+        "--output",
+        str(out),
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 120
@@ -106,6 +129,8 @@ def test_bad_pool_records(tmp_path, prm_dir):
     with pytest.raises(BetaPRMInputError, match=r":4: field 'candidates\[0\].steps\[0\]'"):
         score_pool_file(prm, pools, tmp_path / "o.jsonl", show_progress=False)
     assert not (tmp_path / "o.jsonl").exists()  # nothing written before the check
-    stats = score_pool_file(prm, pools, tmp_path / "o.jsonl", on_error="skip", rejects=tmp_path / "rej.jsonl", show_progress=False)
+    stats = score_pool_file(
+        prm, pools, tmp_path / "o.jsonl", on_error="skip", rejects=tmp_path / "rej.jsonl", show_progress=False
+    )
     assert stats["scored"] == 3 and stats["rejected"] == 1
     assert json.loads((tmp_path / "rej.jsonl").read_text())["record"]["id"] == "bad"

@@ -31,8 +31,25 @@ class Server:
 
     def __init__(self, model, *extra, env=None):
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "betaprm", "serve", "--model", str(model), "--port", str(self.port), "--device", "cpu", *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "betaprm",
+                "serve",
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                "--device",
+                "cpu",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         deadline = time.time() + 90
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -81,8 +98,11 @@ def server(prm_dir):
     s.stop()
 
 
-TRACES = [("what is 3 + 4 ?", ["3 + 4 = 7", "so the answer is 7"]), ("compute 12 * 3", ["12 * 3 = 36"]),
-          ("add 1 and 2", ["1 + 2 = 3", "3 + 0 = 3", "the answer is 3"])]
+TRACES = [
+    ("what is 3 + 4 ?", ["3 + 4 = 7", "so the answer is 7"]),
+    ("compute 12 * 3", ["12 * 3 = 36"]),
+    ("add 1 and 2", ["1 + 2 = 3", "3 + 0 = 3", "the answer is 3"]),
+]
 
 
 def test_score_endpoint_equals_betaprm_score(server, prm_dir, tmp_path):
@@ -97,13 +117,17 @@ def test_score_endpoint_equals_betaprm_score(server, prm_dir, tmp_path):
         for k in ("mu", "kappa", "sigma"):
             np.testing.assert_allclose(r[k], c[k], rtol=1e-5, atol=1e-6)
         mu, sigma = np.array(c["mu"]), np.array(c["sigma"])
-        assert r["scores"]["mean"] == pytest.approx(mu.mean(), abs=1e-6) and r["scores"]["min"] == pytest.approx(mu.min(), abs=1e-6)
+        assert r["scores"]["mean"] == pytest.approx(mu.mean(), abs=1e-6) and r["scores"]["min"] == pytest.approx(
+            mu.min(), abs=1e-6
+        )
         assert r["scores"]["lin"] == pytest.approx((mu - 0.5 * sigma).mean(), abs=1e-6)
         assert r["scores"]["rb"] == pytest.approx(mu.mean() - 0.5 * (sigma > 0.2).mean(), abs=1e-6)
     # One trace, and a request's own lambda.
     status, one = server.request("POST", "/v1/score", {"question": "q", "steps": TRACES[0][1], "lam": 1.0})
     assert status == 200 and one["mu"] == pytest.approx(res["results"][0]["mu"], abs=1e-6)
-    assert one["scores"]["lin"] == pytest.approx(float(np.mean(np.array(one["mu"]) - np.array(one["sigma"]))), abs=1e-6)
+    assert one["scores"]["lin"] == pytest.approx(
+        float(np.mean(np.array(one["mu"]) - np.array(one["sigma"]))), abs=1e-6
+    )
 
 
 def test_get_reward_is_openrlhfs_contract(server, prm_dir):
@@ -123,17 +147,20 @@ def test_health_and_models(server):
     assert status == 200 and m["data"][0]["marker"] == "<prm>" and m["data"][0]["max_positions"] == 1024
 
 
-@pytest.mark.parametrize("body,raw,status,message", [
-    (None, b"{not json", 400, "not valid JSON"),
-    (None, b'{"question": "q", "steps": [NaN]}', 400, "not valid JSON"),
-    ({"question": "q"}, None, 400, "'steps' must be a non-empty list"),
-    ({"question": 5, "steps": ["a"]}, None, 400, "'question' must be a string"),
-    ({"question": "q", "steps": ["a <prm> b"]}, None, 400, "contains the marker text"),
-    ({"question": "q", "steps": ["word " * 2000]}, None, 413, "more than the model's 1024 positions"),
-    ({"items": [{"question": "q", "steps": ["a"]}] * 65}, None, 413, "more than the server's 64"),
-    ({"question": "q", "steps": ["a"], "images": ["x.png"]}, None, 400, "images are not served yet"),
-    ({"question": "q", "steps": ["a"], "lam": "x"}, None, 400, "'lam' must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "body,raw,status,message",
+    [
+        (None, b"{not json", 400, "not valid JSON"),
+        (None, b'{"question": "q", "steps": [NaN]}', 400, "not valid JSON"),
+        ({"question": "q"}, None, 400, "'steps' must be a non-empty list"),
+        ({"question": 5, "steps": ["a"]}, None, 400, "'question' must be a string"),
+        ({"question": "q", "steps": ["a <prm> b"]}, None, 400, "contains the marker text"),
+        ({"question": "q", "steps": ["word " * 2000]}, None, 413, "more than the model's 1024 positions"),
+        ({"items": [{"question": "q", "steps": ["a"]}] * 65}, None, 413, "more than the server's 64"),
+        ({"question": "q", "steps": ["a"], "images": ["x.png"]}, None, 400, "images are not served yet"),
+        ({"question": "q", "steps": ["a"], "lam": "x"}, None, 400, "'lam' must be a finite number"),
+    ],
+)
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, body, raw, status, message):
     got, res = server.request("POST", "/v1/score", body, raw=raw)
     assert got == status and message in res["error"], res
@@ -162,11 +189,18 @@ def test_concurrent_requests_are_batched_and_answered_in_order(server, prm_dir):
 
 def test_a_client_killed_mid_request_does_not_disturb_others(server):
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"question\": ")
+    s.sendall(
+        b'POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"question": '
+    )
     s.close()  # gone before its body arrived
     s2 = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"items": [{"question": "q", "steps": ["a b c"] * 20}] * 64}).encode()
-    s2.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    s2.sendall(
+        b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     s2.close()  # gone while its traces are scored
     for _ in range(3):
         assert server.request("POST", "/v1/score", {"question": "q", "steps": ["a"]})[0] == 200
@@ -195,8 +229,12 @@ def test_api_key_and_graceful_shutdown(prm_dir):
         assert srv.request("POST", "/v1/score", {"question": "q", "steps": ["a"]}, headers=auth)[0] == 200
         big = {"items": [{"question": "q", "steps": [f"step {j} " * 20 for j in range(12)]}] * 64}
         answers = []
-        threads = [threading.Thread(target=lambda: answers.append((srv.request("POST", "/v1/score", big, headers=auth)[0], time.time())))
-                   for _ in range(8)]
+        threads = [
+            threading.Thread(
+                target=lambda: answers.append((srv.request("POST", "/v1/score", big, headers=auth)[0], time.time()))
+            )
+            for _ in range(8)
+        ]
         for t in threads:
             t.start()
         time.sleep(0.3)  # the requests are in, being scored

@@ -13,12 +13,24 @@ from betaprm.synth import Problem, SynthPolicy, World, WorldConfig, mc_label
 from betaprm.synth.world import OPS
 
 DESIGN_DEFAULTS = {
-    "modulus": 10, "min_ops": 4, "max_ops": 8, "op_probs": {"+": 0.40, "*": 0.40, "?": 0.20},
+    "modulus": 10,
+    "min_ops": 4,
+    "max_ops": 8,
+    "op_probs": {"+": 0.40, "*": 0.40, "?": 0.20},
     "error_rates": {"easy": {"+": 0.03, "*": 0.08, "?": 0.05}, "hard": {"+": 0.10, "*": 0.25, "?": 0.30}},
-    "near_miss": 0.6, "p_hard": 0.5, "p_visible": 0.25, "mc_n": 16, "connectives": ["so", "then", "next", "now"],
+    "near_miss": 0.6,
+    "p_hard": 0.5,
+    "p_visible": 0.25,
+    "mc_n": 16,
+    "connectives": ["so", "then", "next", "now"],
 }
 
-SMALL = WorldConfig(modulus=5, min_ops=2, max_ops=3, error_rates={"easy": {"+": 0.1, "*": 0.2, "?": 0.15}, "hard": {"+": 0.3, "*": 0.4, "?": 0.45}})
+SMALL = WorldConfig(
+    modulus=5,
+    min_ops=2,
+    max_ops=3,
+    error_rates={"easy": {"+": 0.1, "*": 0.2, "?": 0.15}, "hard": {"+": 0.3, "*": 0.4, "?": 0.45}},
+)
 
 
 def test_config_defaults_and_errors(tmp_path):

@@ -27,8 +27,19 @@ def counts(tmp_path_factory):
 
 
 def cfg(lm_dir, counts, out, **kw):
-    base = dict(model=str(lm_dir), data=str(counts), output_dir=str(out), global_batch_size=8, per_device_batch_size=4,
-                learning_rate=1e-3, max_steps=6, logging_steps=2, save_steps=3, use_cpu=True, seed=1)
+    base = dict(
+        model=str(lm_dir),
+        data=str(counts),
+        output_dir=str(out),
+        global_batch_size=8,
+        per_device_batch_size=4,
+        learning_rate=1e-3,
+        max_steps=6,
+        logging_steps=2,
+        save_steps=3,
+        use_cpu=True,
+        seed=1,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -92,7 +103,9 @@ def test_optimizer_groups_and_logging(tmp_path, lm_dir, counts):
     assert head_groups[0]["initial_lr"] == pytest.approx(10 * 1e-3) and body_lr == [1e-3, 1e-3]
     assert head_groups[0]["weight_decay"] == 0.0
     names = {id(p): n for n, p in prm.named_parameters()}
-    no_decay = [names[id(p)] for g in groups if g["weight_decay"] == 0.0 and g is not head_groups[0] for p in g["params"]]
+    no_decay = [
+        names[id(p)] for g in groups if g["weight_decay"] == 0.0 and g is not head_groups[0] for p in g["params"]
+    ]
     decay = [names[id(p)] for g in groups if g["weight_decay"] > 0 for p in g["params"]]
     assert no_decay and all("norm" in n or "bias" in n for n in no_decay)
     assert not any("norm" in n for n in decay)
@@ -122,8 +135,16 @@ def test_loss_is_float32_for_a_bf16_backbone(lm_dir, counts):
     ds = encode_records(prm, read_records(counts).records[:4], max_length=512)
     from transformers import TrainingArguments
 
-    trainer = _trainer_class()(model=prm, args=TrainingArguments(output_dir="/tmp/unused", use_cpu=True, report_to="none", remove_unused_columns=False),
-                               train_dataset=ds, data_collator=CountsCollator(0), objective="beta-binomial", lambda_reg=0.05, hard_threshold=0.5, head_lr_multiplier=10)
+    trainer = _trainer_class()(
+        model=prm,
+        args=TrainingArguments(output_dir="/tmp/unused", use_cpu=True, report_to="none", remove_unused_columns=False),
+        train_dataset=ds,
+        data_collator=CountsCollator(0),
+        objective="beta-binomial",
+        lambda_reg=0.05,
+        hard_threshold=0.5,
+        head_lr_multiplier=10,
+    )
     batch = CountsCollator(0)([ds[i] for i in range(4)])
     out_dtype = {}
     prm.backbone.base_model.register_forward_hook(lambda m, a, o: out_dtype.update(h=o.last_hidden_state.dtype))
@@ -135,19 +156,25 @@ def test_loss_is_float32_for_a_bf16_backbone(lm_dir, counts):
 
 @pytest.mark.parametrize("objective", ["soft-ce", "hard-ce"])
 def test_standard_prm_objectives(tmp_path, lm_dir, counts, objective):
-    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / objective, objective=objective, max_steps=4, save_steps=100))
+    prm, trainer, _ = train(
+        cfg(lm_dir, counts, tmp_path / objective, objective=objective, max_steps=4, save_steps=100)
+    )
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert all(h["loss"] == pytest.approx(h["ce"], rel=1e-5) and "nll" not in h for h in logs)
     # No reliability channel: kappa stays at its initial value.
     assert all(h["kappa_mean"] == pytest.approx(4.0, rel=1e-5) for h in logs)
-    assert BetaPRM.from_pretrained(tmp_path / objective).score("add these", [["1 + 2 = 3"]])[0].kappa[0] == pytest.approx(4.0, rel=1e-5)
+    assert BetaPRM.from_pretrained(tmp_path / objective).score("add these", [["1 + 2 = 3"]])[0].kappa[
+        0
+    ] == pytest.approx(4.0, rel=1e-5)
 
 
 def test_resume_matches_uninterrupted_run(tmp_path, lm_dir, counts):
     full, trainer_a, _ = train(cfg(lm_dir, counts, tmp_path / "a", max_steps=6, save_steps=3))
     # A second run starts from the first run's step-3 checkpoint and finishes the job.
     shutil.copytree(tmp_path / "a" / "checkpoint-3", tmp_path / "b" / "checkpoint-3")
-    resumed, trainer_b, _ = train(cfg(lm_dir, counts, tmp_path / "b", max_steps=6, save_steps=3, resume_from_checkpoint="last"))
+    resumed, trainer_b, _ = train(
+        cfg(lm_dir, counts, tmp_path / "b", max_steps=6, save_steps=3, resume_from_checkpoint="last")
+    )
     a, b = params(full), params(resumed)
     assert a.keys() == b.keys()
     for k in a:
@@ -168,7 +195,17 @@ def test_lora_trains_adapters_head_and_marker_row(tmp_path, lm_dir, counts):
     before = BetaPRM.from_backbone(str(lm_dir))
     base_w = before.backbone.model.layers[0].mlp.up_proj.weight.detach().clone()
     emb_before = before.backbone.get_input_embeddings().weight.detach().clone()
-    prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "lora", lora_r=4, lora_target_modules="q_proj,v_proj,up_proj", max_steps=4, save_steps=2))
+    prm, trainer, _ = train(
+        cfg(
+            lm_dir,
+            counts,
+            tmp_path / "lora",
+            lora_r=4,
+            lora_target_modules="q_proj,v_proj,up_proj",
+            max_steps=4,
+            save_steps=2,
+        )
+    )
     # After training the adapters are merged: the saved model is a plain BetaPRM.
     loaded = BetaPRM.from_pretrained(tmp_path / "lora")
     assert type(loaded.backbone).__name__ == "LlamaForCausalLM"
@@ -191,7 +228,11 @@ def test_bad_config_is_one_clear_error(lm_dir, counts):
     with pytest.raises(BetaPRMInputError) as e:
         TrainConfig(model="", data="", objective="mse", global_batch_size=0)
     msg = str(e.value)
-    assert "--model is required" in msg and "--objective must be one of" in msg and "--global-batch-size must be >= 1" in msg
+    assert (
+        "--model is required" in msg
+        and "--objective must be one of" in msg
+        and "--global-batch-size must be >= 1" in msg
+    )
     with pytest.raises(BetaPRMInputError, match="not a multiple"):
         train(cfg(lm_dir, counts, "/tmp/x", global_batch_size=6, per_device_batch_size=4))
 
@@ -212,7 +253,10 @@ def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
         return np.mean([np.ptp([lengths[i] for i in idx[j : j + 8]]) for j in range(0, len(idx) - 7, 8)])
 
     assert mean_spread(order) < mean_spread(list(np.random.default_rng(0).permutation(len(lengths))))
-    assert not isinstance(train(cfg(lm_dir, counts, tmp_path / "r", max_steps=1, save_steps=100))[1]._get_train_sampler(), LengthGroupedSampler)
+    assert not isinstance(
+        train(cfg(lm_dir, counts, tmp_path / "r", max_steps=1, save_steps=100))[1]._get_train_sampler(),
+        LengthGroupedSampler,
+    )
 
 
 def test_group_by_length_on_older_transformers(monkeypatch):
@@ -223,9 +267,19 @@ def test_group_by_length_on_older_transformers(monkeypatch):
 
     from betaprm.train import _sampling
 
-    assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {"train_sampling_strategy": "group_by_length"}
+    assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {
+        "train_sampling_strategy": "group_by_length"
+    }
     real = dataclasses.fields
-    monkeypatch.setattr(dataclasses, "fields", lambda cls: [f for f in real(cls) if f.name != "train_sampling_strategy"] if cls is transformers.TrainingArguments else real(cls))
+    monkeypatch.setattr(
+        dataclasses,
+        "fields",
+        lambda cls: (
+            [f for f in real(cls) if f.name != "train_sampling_strategy"]
+            if cls is transformers.TrainingArguments
+            else real(cls)
+        ),
+    )
     assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {"group_by_length": True}
     assert _sampling(TrainConfig(model="m", data="d")) == {}
 
@@ -237,9 +291,32 @@ def test_non_finite_training_stops_before_writing_nan_weights(tmp_path, lm_dir, 
     from betaprm.model import CONFIG_NAME
 
     out = tmp_path / "run"
-    rc = main(["train", "--model", str(lm_dir), "--data", str(counts), "--output-dir", str(out), "--global-batch-size", "8",
-               "--per-device-batch-size", "4", "--learning-rate", "1e30", "--warmup-ratio", "0", "--max-steps", "6",
-               "--save-steps", "1", "--use-cpu", "--report-to", "none"])
+    rc = main(
+        [
+            "train",
+            "--model",
+            str(lm_dir),
+            "--data",
+            str(counts),
+            "--output-dir",
+            str(out),
+            "--global-batch-size",
+            "8",
+            "--per-device-batch-size",
+            "4",
+            "--learning-rate",
+            "1e30",
+            "--warmup-ratio",
+            "0",
+            "--max-steps",
+            "6",
+            "--save-steps",
+            "1",
+            "--use-cpu",
+            "--report-to",
+            "none",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1, err
     assert "training stopped at optimiser step" in err and "non-finite" in err and "Traceback" not in err

@@ -33,7 +33,11 @@ def _traces(images):
     return [
         ("what is 3 + 4 ?", ["3 + 4 = 7", "so the answer is 7"], [images[0]]),
         ("no image here", ["1 + 1 = 2"], []),
-        ("compare the two pictures", ["the first is wider", "the second is square", "answer first"], [images[1], images[2]]),
+        (
+            "compare the two pictures",
+            ["the first is wider", "the second is square", "answer first"],
+            [images[1], images[2]],
+        ),
     ]
 
 
@@ -74,15 +78,53 @@ def test_train_score_save_load(kind, images, tmp_path):
     with open(data, "w") as f:
         for i in range(24):
             q, steps, imgs = _traces(images)[i % 3]
-            f.write(json.dumps({"id": f"r{i}", "question": q, "steps": steps, "images": imgs, "mc_correct": rng.integers(0, 9, len(steps)).tolist(), "mc_total": 8}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": f"r{i}",
+                        "question": q,
+                        "steps": steps,
+                        "images": imgs,
+                        "mc_correct": rng.integers(0, 9, len(steps)).tolist(),
+                        "mc_total": 8,
+                    }
+                )
+                + "\n"
+            )
     out = tmp_path / "prm"
-    rc = main(["train", "--model", str(lm), "--data", str(data), "--output-dir", str(out), "--max-steps", "3", "--global-batch-size", "4",
-               "--per-device-batch-size", "2", "--learning-rate", "1e-3", "--use-cpu", "--save-steps", "1000", "--logging-steps", "1",
-               "--plots", str(tmp_path / "plots")])
+    rc = main(
+        [
+            "train",
+            "--model",
+            str(lm),
+            "--data",
+            str(data),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "3",
+            "--global-batch-size",
+            "4",
+            "--per-device-batch-size",
+            "2",
+            "--learning-rate",
+            "1e-3",
+            "--use-cpu",
+            "--save-steps",
+            "1000",
+            "--logging-steps",
+            "1",
+            "--plots",
+            str(tmp_path / "plots"),
+        ]
+    )
     assert rc == 0 and (tmp_path / "plots" / "kappa_dynamics.png").stat().st_size > 0
     trained = BetaPRM.from_pretrained(out)
     start = BetaPRM.from_backbone(str(lm))
-    changed = {n: not torch.equal(p, dict(start.backbone.named_parameters())[n]) for n, p in trained.backbone.named_parameters()}
+    changed = {
+        n: not torch.equal(p, dict(start.backbone.named_parameters())[n])
+        for n, p in trained.backbone.named_parameters()
+    }
     vision = [n for n in changed if n.startswith(("model.visual.", "model.vision_tower.")) and "merger" not in n]
     projector = [n for n in changed if "merger" in n or "multi_modal_projector" in n]
     language = [n for n in changed if "language_model" in n and "layers.0." in n]
@@ -102,13 +144,54 @@ def test_train_vision_unfreezes(images, tmp_path):
     lm = tmp_path / "vlm"
     save_vlm_dir(model, proc, lm)
     data = tmp_path / "c.jsonl"
-    data.write_text("".join(json.dumps({"id": f"r{i}", "question": "q", "steps": ["a", "b"], "images": [images[0]], "mc_correct": [3, 1], "mc_total": 4}) + "\n" for i in range(8)))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{i}",
+                    "question": "q",
+                    "steps": ["a", "b"],
+                    "images": [images[0]],
+                    "mc_correct": [3, 1],
+                    "mc_total": 4,
+                }
+            )
+            + "\n"
+            for i in range(8)
+        )
+    )
     out = tmp_path / "prm"
-    assert main(["train", "--model", str(lm), "--data", str(data), "--output-dir", str(out), "--max-steps", "2", "--global-batch-size", "4",
-                 "--per-device-batch-size", "4", "--learning-rate", "1e-3", "--use-cpu", "--train-vision"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(lm),
+                "--data",
+                str(data),
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "2",
+                "--global-batch-size",
+                "4",
+                "--per-device-batch-size",
+                "4",
+                "--learning-rate",
+                "1e-3",
+                "--use-cpu",
+                "--train-vision",
+            ]
+        )
+        == 0
+    )
     trained, start = BetaPRM.from_pretrained(out), BetaPRM.from_backbone(str(lm))
     p0 = dict(start.backbone.named_parameters())
-    assert any(not torch.equal(p, p0[n]) for n, p in trained.backbone.named_parameters() if n.startswith("model.vision_tower."))
+    assert any(
+        not torch.equal(p, p0[n])
+        for n, p in trained.backbone.named_parameters()
+        if n.startswith("model.vision_tower.")
+    )
 
 
 def test_text_model_refuses_image_records(images, tmp_path, capsys):
@@ -117,8 +200,29 @@ def test_text_model_refuses_image_records(images, tmp_path, capsys):
 
     lm = make_lm_dir(tmp_path / "lm")
     data = tmp_path / "c.jsonl"
-    data.write_text(json.dumps({"id": "r", "question": "q", "steps": ["a"], "images": [images[0]], "mc_correct": [1], "mc_total": 2}) + "\n")
-    assert main(["train", "--model", str(lm), "--data", str(data), "--output-dir", str(tmp_path / "o"), "--max-steps", "1", "--use-cpu"]) == 2
+    data.write_text(
+        json.dumps(
+            {"id": "r", "question": "q", "steps": ["a"], "images": [images[0]], "mc_correct": [1], "mc_total": 2}
+        )
+        + "\n"
+    )
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(lm),
+                "--data",
+                str(data),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--max-steps",
+                "1",
+                "--use-cpu",
+            ]
+        )
+        == 2
+    )
     assert "need a vision-language backbone" in capsys.readouterr().err
 
 
@@ -131,10 +235,20 @@ def test_eval_steps_on_a_vision_model_with_images(images, tmp_path):
     lm = tmp_path / "vlm"
     save_vlm_dir(model, proc, lm)
     data = tmp_path / "vpb.jsonl"
-    rows = [{"image": images[i % 3] if i % 2 else None, "question": f"question {i}", "answer": "1", "data_source": ["A", "B"][i % 2],
-             "response": {"steps": ["look", "count", "answer 1"], "process_correctness": [1, 0, -1 if i % 3 else 1]}} for i in range(20)]
+    rows = [
+        {
+            "image": images[i % 3] if i % 2 else None,
+            "question": f"question {i}",
+            "answer": "1",
+            "data_source": ["A", "B"][i % 2],
+            "response": {"steps": ["look", "count", "answer 1"], "process_correctness": [1, 0, -1 if i % 3 else 1]},
+        }
+        for i in range(20)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.json"
-    assert main(["eval-steps", "--model", str(lm), "--data", str(data), "--out", str(out), "--val-fraction", "0.3"]) == 0
+    assert (
+        main(["eval-steps", "--model", str(lm), "--data", str(data), "--out", str(out), "--val-fraction", "0.3"]) == 0
+    )
     r = json.loads(out.read_text())
     assert r["model_kind"] == "zero-shot" and r["n_steps"] == 2 * r["n_test_items"]

@@ -28,8 +28,12 @@ def compare(a, b):
     assert [x["id"] for x in a] == [x["id"] for x in b], "the two score lists cover other records"
     mu_a, mu_b = (np.concatenate([x["mu"] for x in s]) for s in (a, b))
     k_a, k_b = (np.concatenate([x["kappa"] for x in s]) for s in (a, b))
-    return {"max_abs_dmu": float(np.max(np.abs(mu_a - mu_b))), "mean_abs_dmu": float(np.mean(np.abs(mu_a - mu_b))),
-            "max_abs_dlog_kappa": float(np.max(np.abs(np.log(k_a) - np.log(k_b)))), "n_steps": int(mu_a.size)}
+    return {
+        "max_abs_dmu": float(np.max(np.abs(mu_a - mu_b))),
+        "mean_abs_dmu": float(np.mean(np.abs(mu_a - mu_b))),
+        "max_abs_dlog_kappa": float(np.max(np.abs(np.log(k_a) - np.log(k_b)))),
+        "n_steps": int(mu_a.size),
+    }
 
 
 def write_json(path, obj):

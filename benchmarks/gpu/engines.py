@@ -37,7 +37,24 @@ def build_inputs(out: Path):
 
     counts = out / "counts.jsonl"
     if not counts.exists():
-        assert main(["label", "--backend", "synth", "--n-problems", "200", "--traces-per-problem", "4", "--out", str(counts), "--seed", "0"]) == 0
+        assert (
+            main(
+                [
+                    "label",
+                    "--backend",
+                    "synth",
+                    "--n-problems",
+                    "200",
+                    "--traces-per-problem",
+                    "4",
+                    "--out",
+                    str(counts),
+                    "--seed",
+                    "0",
+                ]
+            )
+            == 0
+        )
     lm = out / "lm"
     if not lm.exists():
         recs = read_jsonl(counts)
@@ -68,17 +85,52 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--engines", default="plain,fsdp,zero3")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--precision", default="bf16", help="bf16 (the configs' mixed precision) or fp32 (for a CPU dry run)")
+    ap.add_argument(
+        "--precision", default="bf16", help="bf16 (the configs' mixed precision) or fp32 (for a CPU dry run)"
+    )
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     counts, lm = build_inputs(out)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     half = a.steps // 2
-    common = dict(model=str(lm), data=str(counts), max_steps=a.steps, save_steps=half, global_batch_size=16, per_device_batch_size=8,
-                  learning_rate=1e-4, logging_steps=5, precision=a.precision, seed=0, max_length=512)
-    flags = ["--model", str(lm), "--data", str(counts), "--max-steps", str(a.steps), "--save-steps", str(half), "--global-batch-size", "16",
-             "--per-device-batch-size", "8", "--learning-rate", "1e-4", "--logging-steps", "5", "--precision", a.precision, "--seed", "0", "--max-length", "512"]
+    common = dict(
+        model=str(lm),
+        data=str(counts),
+        max_steps=a.steps,
+        save_steps=half,
+        global_batch_size=16,
+        per_device_batch_size=8,
+        learning_rate=1e-4,
+        logging_steps=5,
+        precision=a.precision,
+        seed=0,
+        max_length=512,
+    )
+    flags = [
+        "--model",
+        str(lm),
+        "--data",
+        str(counts),
+        "--max-steps",
+        str(a.steps),
+        "--save-steps",
+        str(half),
+        "--global-batch-size",
+        "16",
+        "--per-device-batch-size",
+        "8",
+        "--learning-rate",
+        "1e-4",
+        "--logging-steps",
+        "5",
+        "--precision",
+        a.precision,
+        "--seed",
+        "0",
+        "--max-length",
+        "512",
+    ]
     report = {"steps": a.steps, "engines": {}}
     for engine in a.engines.split(","):
         r = report["engines"][engine] = {}
@@ -87,15 +139,33 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
         kw = out / f"{engine}_kwargs.json"
         kw.write_text(json.dumps({**common, "output_dir": str(full)}))
-        launch = [sys.executable] if engine == "plain" else [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(one_gpu_config(engine, out))]
-        rc, secs = run(launch + [str(HERE / "train_score.py"), str(kw), str(counts), str(out / f"{engine}_in_memory.json")], out / f"{engine}_train.log", env)
+        launch = (
+            [sys.executable]
+            if engine == "plain"
+            else [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(one_gpu_config(engine, out)),
+            ]
+        )
+        rc, secs = run(
+            launch + [str(HERE / "train_score.py"), str(kw), str(counts), str(out / f"{engine}_in_memory.json")],
+            out / f"{engine}_train.log",
+            env,
+        )
         r.update(train_rc=rc, train_wall_seconds=round(secs, 1))
         if rc != 0:
             continue
         # The resumed run starts from a copy of the half-way checkpoint, through the CLI.
         shutil.copytree(full / f"checkpoint-{half}", resumed / f"checkpoint-{half}")
         cli = [sys.executable, "-m"] if engine == "plain" else launch + ["-m"]
-        rc, secs = run(cli + ["betaprm", "train", *flags, "--output-dir", str(resumed), "--resume-from-checkpoint", "last"], out / f"{engine}_resume.log", env)
+        rc, secs = run(
+            cli + ["betaprm", "train", *flags, "--output-dir", str(resumed), "--resume-from-checkpoint", "last"],
+            out / f"{engine}_resume.log",
+            env,
+        )
         r.update(resume_rc=rc, resume_wall_seconds=round(secs, 1))
 
     from betaprm import BetaPRM
@@ -104,11 +174,17 @@ def main():
     cpu = {}
     init = score_records(BetaPRM.from_backbone(str(lm)), records)
     for engine, r in report["engines"].items():
-        mem = json.loads((out / f"{engine}_in_memory.json").read_text()) if (out / f"{engine}_in_memory.json").exists() else {}
+        mem = (
+            json.loads((out / f"{engine}_in_memory.json").read_text())
+            if (out / f"{engine}_in_memory.json").exists()
+            else {}
+        )
         r.update({k: v for k, v in mem.items() if k != "scores"})
         for name, d in (("full", out / f"run_{engine}"), ("resumed", out / f"run_{engine}_resumed")):
             try:
-                cpu[engine, name] = score_records(BetaPRM.from_pretrained(d, device="cpu", dtype=torch.float32), records)
+                cpu[engine, name] = score_records(
+                    BetaPRM.from_pretrained(d, device="cpu", dtype=torch.float32), records
+                )
             except Exception as e:
                 r[f"{name}_load_error"] = f"{type(e).__name__}: {e}"
         if (engine, "full") in cpu:

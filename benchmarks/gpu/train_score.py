@@ -24,9 +24,14 @@ t0 = time.perf_counter()
 prm, trainer, _ = train(TrainConfig(**kwargs), quiet=True)
 seconds = time.perf_counter() - t0
 if trainer.args.process_index == 0:
-    result = {"train_seconds": seconds, "bf16": trainer.args.bf16, "deepspeed": trainer.is_deepspeed_enabled, "fsdp": trainer.is_fsdp_enabled,
-              "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-              "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None}
+    result = {
+        "train_seconds": seconds,
+        "bf16": trainer.args.bf16,
+        "deepspeed": trainer.is_deepspeed_enabled,
+        "fsdp": trainer.is_fsdp_enabled,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
+    }
     try:
         prm.eval()
         with torch.no_grad():

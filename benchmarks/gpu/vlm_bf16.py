@@ -34,7 +34,16 @@ def make_records(out: Path, n=64, seed=0):
         c = a + b + (1 if wrong else 0)
         steps = [f"{a} + {b} = {c}", f"The answer is {c}"]
         k = [int(rng.integers(0, 3)) if wrong else int(rng.integers(5, 9))] * 2
-        recs.append({"id": f"v{i}", "question": f"What is {a} + {b}?", "images": [str(img)], "steps": steps, "mc_correct": k, "mc_total": 8})
+        recs.append(
+            {
+                "id": f"v{i}",
+                "question": f"What is {a} + {b}?",
+                "images": [str(img)],
+                "steps": steps,
+                "mc_correct": k,
+                "mc_total": 8,
+            }
+        )
     path = out / "vlm_counts.jsonl"
     import json
 
@@ -63,14 +72,37 @@ def main():
     precisions = ["bf16", "fp32"] if a.device == "cuda" else ["fp32"]
     for p in precisions:
         t0 = time.perf_counter()
-        prm, trainer, _ = train(TrainConfig(model=str(out / "qwen2_5_vl"), data=str(data), output_dir=str(out / f"run_{p}"), max_steps=a.steps,
-                                            save_steps=10**6, global_batch_size=8, per_device_batch_size=8, learning_rate=1e-3, logging_steps=5,
-                                            precision=p, seed=0, use_cpu=a.device == "cpu"), quiet=True)
+        prm, trainer, _ = train(
+            TrainConfig(
+                model=str(out / "qwen2_5_vl"),
+                data=str(data),
+                output_dir=str(out / f"run_{p}"),
+                max_steps=a.steps,
+                save_steps=10**6,
+                global_batch_size=8,
+                per_device_batch_size=8,
+                learning_rate=1e-3,
+                logging_steps=5,
+                precision=p,
+                seed=0,
+                use_cpu=a.device == "cpu",
+            ),
+            quiet=True,
+        )
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        report[p] = {"train_seconds": round(time.perf_counter() - t0, 1), "trainer_bf16": trainer.args.bf16, "device": str(prm.device),
-                     "backbone_dtype": str(next(prm.backbone.parameters()).dtype), "losses": losses, "all_finite": bool(np.all(np.isfinite(losses)))}
+        report[p] = {
+            "train_seconds": round(time.perf_counter() - t0, 1),
+            "trainer_bf16": trainer.args.bf16,
+            "device": str(prm.device),
+            "backbone_dtype": str(next(prm.backbone.parameters()).dtype),
+            "losses": losses,
+            "all_finite": bool(np.all(np.isfinite(losses))),
+        }
         del prm, trainer
-    cpu = {p: score_records(BetaPRM.from_pretrained(out / f"run_{p}", device="cpu", dtype=torch.float32), recs[:16]) for p in precisions}
+    cpu = {
+        p: score_records(BetaPRM.from_pretrained(out / f"run_{p}", device="cpu", dtype=torch.float32), recs[:16])
+        for p in precisions
+    }
     init = score_records(BetaPRM.from_backbone(str(out / "qwen2_5_vl")), recs[:16])
     for p in precisions:
         report[p]["trained_vs_untrained"] = compare(cpu[p], init)

@@ -63,7 +63,10 @@ class ACAConfig:
     stop_margin: float = _f(0.0, "stop only when LCB(best) exceeds max UCB(competitors) by more than this")
     early_stop: bool = _f(True, "stop when the best candidate is reliably ahead (False: always spend the budget)")
     repair: bool = _f(True, "later batches continue a competitor's kept prefix (False: sample them from scratch)")
-    uncertainty: str = _f("learned", "sigma used by ACA: learned (BetaPRM), proxy (sqrt(mu(1-mu)), for a standard PRM) or none (reward only)")
+    uncertainty: str = _f(
+        "learned",
+        "sigma used by ACA: learned (BetaPRM), proxy (sqrt(mu(1-mu)), for a standard PRM) or none (reward only)",
+    )
     final: str = _f("rb", "final selector: rb (S_RB), lin, mean, min, last or prod")
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (tune it on validation pools; required for rb)")
@@ -112,7 +115,7 @@ def _sigma(s: StepScores, mode: str) -> np.ndarray:
 
 
 def _request_seed(seed: int, task_id: str, rnd: int) -> int:
-    return (zlib.crc32(f"{seed}/{task_id}/{rnd}".encode()) & 0x7FFFFFFF)
+    return zlib.crc32(f"{seed}/{task_id}/{rnd}".encode()) & 0x7FFFFFFF
 
 
 class _State:
@@ -138,9 +141,18 @@ class _State:
         lcb, ucb = S - cfg.c_stop * U, S + cfg.c_stop * U
         best = int(np.argmax(S))
         best_answer = self.cands[best].answer
-        rivals = [i for i, c in enumerate(self.cands) if i != best and (best_answer is None or c.answer != best_answer)]
+        rivals = [
+            i for i, c in enumerate(self.cands) if i != best and (best_answer is None or c.answer != best_answer)
+        ]
         max_ucb = float(max(ucb[rivals])) if rivals else None
-        info = {"round": len(self.rounds), "pool_size": len(self.cands), "best": best, "lcb": float(lcb[best]), "max_rival_ucb": max_ucb, "rivals": len(rivals)}
+        info = {
+            "round": len(self.rounds),
+            "pool_size": len(self.cands),
+            "best": best,
+            "lcb": float(lcb[best]),
+            "max_rival_ucb": max_ucb,
+            "rivals": len(rivals),
+        }
         confident = max_ucb is None or lcb[best] - max_ucb > cfg.stop_margin
         if cfg.early_stop and confident:
             self._finish(info, "confident")
@@ -159,7 +171,9 @@ class _State:
             others = rivals or [i for i in range(len(self.cands)) if i != best]
             target = max(others, key=lambda i: (ucb[i], -i))
             cut = self._cut(pool[target])
-            self.next_req = GenerationRequest(self.task.question, list(self.cands[target].steps[:cut]), n, self.task.handle, seed)
+            self.next_req = GenerationRequest(
+                self.task.question, list(self.cands[target].steps[:cut]), n, self.task.handle, seed
+            )
             self.next_meta = (target, cut)
             info.update(action="repair", repaired=target, cut=cut, new=n)
         self.rounds.append(info)
@@ -205,8 +219,16 @@ class _State:
         }
         if write_candidates:
             rec["candidates"] = [
-                {"steps": c.steps, "round": c.round, "parent": c.parent, "cut": c.cut, "n_tokens": c.n_tokens, "answer": c.answer,
-                 "correct": check(c.answer), **c.scores.to_dict()}
+                {
+                    "steps": c.steps,
+                    "round": c.round,
+                    "parent": c.parent,
+                    "cut": c.cut,
+                    "n_tokens": c.n_tokens,
+                    "answer": c.answer,
+                    "correct": check(c.answer),
+                    **c.scores.to_dict(),
+                }
                 for c in self.cands
             ]
         return rec
@@ -251,7 +273,9 @@ def run_aca(
                 for c in cs:
                     s.tokens += c.n_tokens
                     steps = prefix + list(c.steps)
-                    cand = Candidate(steps, c.n_tokens, len(s.rounds), parent, cut, answer=answer_of(steps) if steps else None)
+                    cand = Candidate(
+                        steps, c.n_tokens, len(s.rounds), parent, cut, answer=answer_of(steps) if steps else None
+                    )
                     s.cands.append(cand)
                     new.append((s, cand))
             scorable = [(s, c) for s, c in new if c.steps]
@@ -308,7 +332,6 @@ def summarize(records: Sequence[dict]) -> dict:
     }
 
 
-
 def tune_rb_on_world(world, scorer: Scorer, budget: int, seed: int, lam: float | None = None, n_val: int = 300):
     """S_RB's (lambda, tau) tuned on Best-of-``budget`` pools of the chain-arithmetic
     world's validation split, never on its test problems; returns ``selection.tune``'s
@@ -326,10 +349,14 @@ def tune_rb_on_world(world, scorer: Scorer, budget: int, seed: int, lam: float |
     flat = scorer([(p.question, t.steps) for p, ts in zip(val, pools) for t in ts])
     k = budget
     scored = [flat[i * k : (i + 1) * k] for i in range(len(val))]
-    return tune(scored, [[t.correct for t in ts] for ts in pools], "rb", **({"lambdas": (lam,)} if lam is not None else {}))
+    return tune(
+        scored, [[t.correct for t in ts] for ts in pools], "rb", **({"lambdas": (lam,)} if lam is not None else {})
+    )
 
 
-def best_of_n_curve(records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None) -> tuple[list[int], list[float]]:
+def best_of_n_curve(
+    records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None
+) -> tuple[list[int], list[float]]:
     """Accuracy against generated tokens of Best-of-n for n = 1 .. the smallest pool, from
     the records of a ``best-of-n`` run (their first n candidates, picked by the selector
     ``method`` of ``betaprm.selectors`` with ``lam`` and ``tau``)."""
@@ -344,7 +371,9 @@ def best_of_n_curve(records: Sequence[dict], method: str, lam: float = 0.5, tau:
         for r in records:
             cands = r["candidates"][:n]
             pool = [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in cands]
-            hits.append(bool(hit(method, [c.get("answer") for c in cands], [c["correct"] for c in cands], pool, tuned)))
+            hits.append(
+                bool(hit(method, [c.get("answer") for c in cands], [c["correct"] for c in cands], pool, tuned))
+            )
             toks += sum(c["n_tokens"] for c in cands)
         xs.append(toks)
         ys.append(float(np.mean(hits)))

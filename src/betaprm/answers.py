@@ -117,7 +117,10 @@ def _worker_main() -> None:
     try:
         import math_verify  # noqa: F401  (loaded once, before any check's clock starts)
     except Exception as e:
-        out.write(json.dumps({"error": f"cannot import math_verify ({type(e).__name__}: {e}); pip install math-verify"}) + "\n")
+        out.write(
+            json.dumps({"error": f"cannot import math_verify ({type(e).__name__}: {e}); pip install math-verify"})
+            + "\n"
+        )
         out.flush()
         return
     out.write('"ready"\n')
@@ -139,7 +142,12 @@ class _Worker:
     """One check process and the checks sent to it, not yet answered (in order)."""
 
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         self.ready = False
         self.held: deque = deque()
         self.since = time.monotonic()  # when its current check (or its start) began
@@ -249,7 +257,9 @@ class AnswerChecker:
                         self._drop(w, queue, out)
             # Wait for answers, until the earliest deadline of a check (or a start).
             now = time.monotonic()
-            limits = [w.since + (self.timeout if w.ready else _START_TIMEOUT) - now for w in pool if w.held or not w.ready]
+            limits = [
+                w.since + (self.timeout if w.ready else _START_TIMEOUT) - now for w in pool if w.held or not w.ready
+            ]
             if not limits:
                 continue
             readable = wait([w.proc.stdout for w in pool], timeout=max(0.0, min(limits)))
@@ -279,7 +289,9 @@ class AnswerChecker:
         back to the front of the queue."""
         if not w.ready:
             _kill_all(self._pool)
-            raise RuntimeError(f"an answer-check worker ({sys.executable} running {__file__}) did not start within {_START_TIMEOUT:g} s or exited at start")
+            raise RuntimeError(
+                f"an answer-check worker ({sys.executable} running {__file__}) did not start within {_START_TIMEOUT:g} s or exited at start"
+            )
         w.kill()
         self._pool.remove(w)
         if w.held:
@@ -299,13 +311,29 @@ class LLMJudge:
         "Are the two answers mathematically equivalent? Reply with exactly one word: yes or no."
     )
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, concurrency: int = 8, timeout: float = 60.0, max_retries: int = 2):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+    ):
         from .generation.openai import OpenAIGenerator
 
         # The key goes only where it is given (the CLI reads it from --api-key-env);
         # a judge that redirects is refused, never followed (BetaPRMInputError).
-        self.client = OpenAIGenerator(base_url, model, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries,
-                                     url_flag="--judge-url", model_flag="--judge-model")
+        self.client = OpenAIGenerator(
+            base_url,
+            model,
+            api_key=api_key,
+            concurrency=concurrency,
+            timeout=timeout,
+            max_retries=max_retries,
+            url_flag="--judge-url",
+            model_flag="--judge-model",
+        )
         self.concurrency = concurrency
         self.failed = 0
 
@@ -322,7 +350,12 @@ class LLMJudge:
     def _one(self, gold, pred) -> bool | None:
         from .generation.base import GenerationError
 
-        body = {"model": self.client.model, "messages": [{"role": "user", "content": self.PROMPT.format(gold=gold, pred=pred)}], "max_tokens": 4, "temperature": 0.0}
+        body = {
+            "model": self.client.model,
+            "messages": [{"role": "user", "content": self.PROMPT.format(gold=gold, pred=pred)}],
+            "max_tokens": 4,
+            "temperature": 0.0,
+        }
         try:
             ans = self.client._post("/chat/completions", body)
             word = ans["choices"][0]["message"]["content"].strip().lower()

@@ -80,11 +80,7 @@ def _lgamma_ratio(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     xs = torch.where(big, x, torch.full_like(x, _STIRLING_MIN))
     xd = torch.where(big, torch.ones_like(x), x)
     stirling = (
-        (xs - 0.5) * torch.log1p(k / xs)
-        + k * torch.log(xs + k)
-        - k
-        + _stirling_tail(xs + k)
-        - _stirling_tail(xs)
+        (xs - 0.5) * torch.log1p(k / xs) + k * torch.log(xs + k) - k + _stirling_tail(xs + k) - _stirling_tail(xs)
     )
     direct = torch.lgamma(xd + k) - torch.lgamma(xd)
     return torch.where(big, stirling, direct)
@@ -101,12 +97,7 @@ def beta_binomial_nll(mu, kappa, k, n, eps: float = 1e-6) -> torch.Tensor:
     alpha = mu * kappa + eps
     beta = (1.0 - mu) * kappa + eps
     log_binom = torch.lgamma(n + 1.0) - torch.lgamma(k + 1.0) - torch.lgamma(n - k + 1.0)
-    log_p = (
-        log_binom
-        + _lgamma_ratio(alpha, k)
-        + _lgamma_ratio(beta, n - k)
-        - _lgamma_ratio(alpha + beta, n)
-    )
+    log_p = log_binom + _lgamma_ratio(alpha, k) + _lgamma_ratio(beta, n - k) - _lgamma_ratio(alpha + beta, n)
     return -log_p
 
 
@@ -148,9 +139,7 @@ def beta_interval(mu, kappa, level: float = 0.9, eps: float = 1e-6):
     from scipy.stats import beta as beta_dist
 
     mu = np.asarray(mu.detach().cpu() if isinstance(mu, torch.Tensor) else mu, dtype=np.float64)
-    kappa = np.asarray(
-        kappa.detach().cpu() if isinstance(kappa, torch.Tensor) else kappa, dtype=np.float64
-    )
+    kappa = np.asarray(kappa.detach().cpu() if isinstance(kappa, torch.Tensor) else kappa, dtype=np.float64)
     a = mu * kappa + eps
     b = (1.0 - mu) * kappa + eps
     tail = (1.0 - level) / 2.0

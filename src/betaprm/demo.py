@@ -42,9 +42,14 @@ def _verification(models, sc, test_pools, labels):
     from .evaluation.metrics import within_problem_auroc
     from .synth.diagnostics import step_diagnostics
 
-    verification = {f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in sc[name]["test"]], labels) for name in models}
+    verification = {
+        f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in sc[name]["test"]], labels)
+        for name in models
+    }
     verification["bayes_auroc"] = within_problem_auroc([[b.mean[-1] for b in p.bayes] for p in test_pools], labels)
-    steps = {name: step_diagnostics(test_pools, [[s.mu for s in pool] for pool in sc[name]["test"]]) for name in models}
+    steps = {
+        name: step_diagnostics(test_pools, [[s.mu for s in pool] for pool in sc[name]["test"]]) for name in models
+    }
     steps["bayes"] = step_diagnostics(test_pools, [[b.mean for b in p.bayes] for p in test_pools])
     if test_pools[0].parity:
         steps["parity_check"] = step_diagnostics(test_pools, [[m.mean for m in p.parity] for p in test_pools])
@@ -53,9 +58,15 @@ def _verification(models, sc, test_pools, labels):
     if test_pools[0].parity:
         # The ceiling of a parity-only step check: the best belief of an observer who sees
         # each verifiable step's error only modulo 2.
-        verification["parity_check_auroc"] = within_problem_auroc([[m.mean[-1] for m in p.parity] for p in test_pools], labels)
-        verification["parity_check_mu_mae_bayes"] = float(np.abs(np.concatenate([m.mean for p in test_pools for m in p.parity])
-                                                                - np.concatenate([b.mean for p in test_pools for b in p.bayes])).mean())
+        verification["parity_check_auroc"] = within_problem_auroc(
+            [[m.mean[-1] for m in p.parity] for p in test_pools], labels
+        )
+        verification["parity_check_mu_mae_bayes"] = float(
+            np.abs(
+                np.concatenate([m.mean for p in test_pools for m in p.parity])
+                - np.concatenate([b.mean for p in test_pools for b in p.bayes])
+            ).mean()
+        )
     return verification, {name: d["clean_bias_by_step"] for name, d in steps.items() if name in models}
 
 
@@ -65,14 +76,27 @@ def _plots(out, histories, arrays, curves, n_candidates, aca):
 
     plots.kappa_dynamics(histories["betaprm"], out / "kappa_dynamics.png", "BetaPRM kappa during training")
     std, beta = arrays["standard_prm"], arrays["betaprm"]
-    plots.reliability_diagram({"standard PRM": (std.mu, std.q), "BetaPRM": (beta.mu, beta.q), "Bayes belief": (beta.bayes_mean, beta.q)}, out / "reliability.png")
+    plots.reliability_diagram(
+        {"standard PRM": (std.mu, std.q), "BetaPRM": (beta.mu, beta.q), "Bayes belief": (beta.bayes_mean, beta.q)},
+        out / "reliability.png",
+    )
     plots.kappa_vs_bayes(beta.kappa, kappa_star(beta.bayes_mean, beta.bayes_var), out / "kappa_vs_bayes.png")
     ns = list(range(1, n_candidates + 1))
-    plots.best_of_n_curves({k: (ns, curves[k]) for k in ("majority_vote", "standard_prm_mean", "betaprm_rb", "betaprm_vote", "bayes_vote", "oracle")}, out / "best_of_n.png")
+    plots.best_of_n_curves(
+        {
+            k: (ns, curves[k])
+            for k in ("majority_vote", "standard_prm_mean", "betaprm_rb", "betaprm_vote", "bayes_vote", "oracle")
+        },
+        out / "best_of_n.png",
+    )
     if aca is not None:
         table, points = aca
-        plots.best_of_n_curves({"Best-of-n, BetaPRM S_RB": (table["bon_curve"]["tokens"], curves["betaprm_rb"])}, out / "aca_tokens.png",
-                               points=points, xlabel="generated tokens (all test problems)")
+        plots.best_of_n_curves(
+            {"Best-of-n, BetaPRM S_RB": (table["bon_curve"]["tokens"], curves["betaprm_rb"])},
+            out / "aca_tokens.png",
+            points=points,
+            xlabel="generated tokens (all test problems)",
+        )
 
 
 def run_demo(cfg: DemoConfig, log=None) -> dict:
@@ -105,7 +129,9 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    log(f"betaprm {_version()} demo ({'quick' if cfg.quick else 'long' if cfg.long else 'default'} run, seed {cfg.seed}, {device}) -> {out}")
+    log(
+        f"betaprm {_version()} demo ({'quick' if cfg.quick else 'long' if cfg.long else 'default'} run, seed {cfg.seed}, {device}) -> {out}"
+    )
 
     # 1. data
     t0 = time.perf_counter()
@@ -114,18 +140,31 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     with open(out / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in data.train_records)
     n_steps = sum(len(r["steps"]) for r in data.train_records)
-    log(f"data: {len(data.train_records)} training traces ({n_steps} labelled steps, K of {world_cfg.mc_n}), "
-        f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} ({time.perf_counter() - t0:.0f}s)")
+    log(
+        f"data: {len(data.train_records)} training traces ({n_steps} labelled steps, K of {world_cfg.mc_n}), "
+        f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} ({time.perf_counter() - t0:.0f}s)"
+    )
 
     # 2. tokenizer and pretrained backbone
     _, tokenizer, eff = build_backbone(cfg, eff, world, data.train_traces, out, log, device)
 
     # 3. the two PRMs, same budget and seed, and 4. their scores of the validation and test pools
     pooled = val_pools + test_pools
-    models, histories, flat = train_prms(eff, out, cfg.seed, device, log, [(p.problem.question, t.steps) for p in pooled for t in p.traces])
+    models, histories, flat = train_prms(
+        eff, out, cfg.seed, device, log, [(p.problem.question, t.steps) for p in pooled for t in p.traces]
+    )
     k, nv = eff.n_candidates, len(val_pools)
-    sc = {name: {"val": [f[i * k : (i + 1) * k] for i in range(nv)], "test": [f[i * k : (i + 1) * k] for i in range(nv, len(pooled))]} for name, f in flat.items()}
-    held = {name: score_traces(m, [(r["question"], r["steps"]) for r in data.held_records], batch_size=64) for name, m in models.items()}
+    sc = {
+        name: {
+            "val": [f[i * k : (i + 1) * k] for i in range(nv)],
+            "test": [f[i * k : (i + 1) * k] for i in range(nv, len(pooled))],
+        }
+        for name, f in flat.items()
+    }
+    held = {
+        name: score_traces(m, [(r["question"], r["steps"]) for r in data.held_records], batch_size=64)
+        for name, m in models.items()
+    }
 
     # 5. evaluation: tune on validation, report on test
     tuned = tune_selectors(sc["betaprm"]["val"], [p.answers for p in val_pools], [p.correct for p in val_pools])
@@ -136,8 +175,13 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     val_hits = bon_hits(val_pools, {name: s["val"] for name, s in sc.items()}, tuned)
     best_beta = max(BETAPRM_SELECTORS, key=lambda k: val_hits[k].mean())
     comparisons = {
-        "betaprm_rb_minus_standard_prm_mean": paired_bootstrap(hits["betaprm_rb"], hits["standard_prm_mean"], seed=cfg.seed),
-        "best_betaprm_minus_majority_vote": {"selector": best_beta, **paired_bootstrap(hits[best_beta], hits["majority_vote"], seed=cfg.seed)},
+        "betaprm_rb_minus_standard_prm_mean": paired_bootstrap(
+            hits["betaprm_rb"], hits["standard_prm_mean"], seed=cfg.seed
+        ),
+        "best_betaprm_minus_majority_vote": {
+            "selector": best_beta,
+            **paired_bootstrap(hits[best_beta], hits["majority_vote"], seed=cfg.seed),
+        },
     }
     curves = {}
     for n in range(1, eff.n_candidates + 1):
@@ -146,14 +190,32 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     verification, clean_bias = _verification(models, sc, test_pools, [p.correct for p in test_pools])
     cal, arrays = {}, {}
     for name in models:
-        cal[name], arrays[name] = calibration(test_pools, sc[name]["test"], data.held_records, held[name], beta=name == "betaprm")
+        cal[name], arrays[name] = calibration(
+            test_pools, sc[name]["test"], data.held_records, held[name], beta=name == "betaprm"
+        )
 
     results = {
-        "config": asdict(cfg), "effective_config": asdict(eff), "world": world_cfg.to_dict(), "seed": cfg.seed, "version": _version(),
-        "bon": bon, "comparisons": comparisons, "best_of_n_curve": {"n": list(range(1, eff.n_candidates + 1)), **curves},
-        "tuned": {"rb": {"lambda": tuned["rb"].lam, "q": tuned["rb"].q, "tau": tuned["rb"].tau, "val_acc": tuned["rb"].val_accuracy},
-                  "lin": {"lambda": tuned["lin"].lam, "val_acc": tuned["lin"].val_accuracy}, "reliability_vote_lambda": tuned["reliability_vote"]},
-        "verification": verification, "calibration": cal, "clean_bias_by_step": clean_bias,
+        "config": asdict(cfg),
+        "effective_config": asdict(eff),
+        "world": world_cfg.to_dict(),
+        "seed": cfg.seed,
+        "version": _version(),
+        "bon": bon,
+        "comparisons": comparisons,
+        "best_of_n_curve": {"n": list(range(1, eff.n_candidates + 1)), **curves},
+        "tuned": {
+            "rb": {
+                "lambda": tuned["rb"].lam,
+                "q": tuned["rb"].q,
+                "tau": tuned["rb"].tau,
+                "val_acc": tuned["rb"].val_accuracy,
+            },
+            "lin": {"lambda": tuned["lin"].lam, "val_acc": tuned["lin"].val_accuracy},
+            "reliability_vote_lambda": tuned["reliability_vote"],
+        },
+        "verification": verification,
+        "calibration": cal,
+        "clean_bias_by_step": clean_bias,
     }
     aca = None
     if eff.aca:
@@ -166,5 +228,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     _plots(out, histories, arrays, curves, eff.n_candidates, aca)
 
     log("\n" + format_results(results))
-    log(f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s")
+    log(
+        f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s"
+    )
     return results

@@ -126,7 +126,9 @@ def encode_traces(
     return encoded
 
 
-def encode_trace(tokenizer, marker_id: int, question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat()) -> list[int]:
+def encode_trace(
+    tokenizer, marker_id: int, question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat()
+) -> list[int]:
     """Token ids of one trace; see ``encode_traces``."""
     return encode_traces(tokenizer, marker_id, [(question, steps)], fmt)[0]
 

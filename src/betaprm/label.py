@@ -42,27 +42,39 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
     from .errors import BetaPRMInputError
 
     items, seen = [], set()
-    for where, r in read_objects(path, ("id", "question", "answer"), "id, question, answer and steps or candidates", flag="--input"):
+    for where, r in read_objects(
+        path, ("id", "question", "answer"), "id, question, answer and steps or candidates", flag="--input"
+    ):
         rid, question, answer = problem_fields(r, where, marker)
         source = r.get("source")
         if source is not None and not isinstance(source, str):
-            raise BetaPRMInputError(f"{where}: field 'source' must be a string, got {type(source).__name__}; fix: write the subset name as a string")
+            raise BetaPRMInputError(
+                f"{where}: field 'source' must be a string, got {type(source).__name__}; fix: write the subset name as a string"
+            )
         if "steps" in r:
             traces = [(rid, "steps", r["steps"])]
         elif isinstance(r.get("candidates"), list) and r["candidates"]:
             traces = []
             for j, c in enumerate(r["candidates"]):
                 if not isinstance(c, dict):
-                    raise BetaPRMInputError(f"{where}: field 'candidates[{j}]' must be an object {{\"steps\": [...]}}, got {type(c).__name__}")
+                    raise BetaPRMInputError(
+                        f"{where}: field 'candidates[{j}]' must be an object {{\"steps\": [...]}}, got {type(c).__name__}"
+                    )
                 traces.append((f"{rid}/{j}", f"candidates[{j}].steps", c.get("steps")))
         else:
-            raise BetaPRMInputError(f"{where}: neither 'steps' nor a non-empty 'candidates' list is present; fix: give the trace's steps or candidates with steps")
+            raise BetaPRMInputError(
+                f"{where}: neither 'steps' nor a non-empty 'candidates' list is present; fix: give the trace's steps or candidates with steps"
+            )
         for tid, field_name, steps in traces:
             if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
-                raise BetaPRMInputError(f"{where}: field '{field_name}' (trace {tid!r}) must be a non-empty list of non-empty strings")
+                raise BetaPRMInputError(
+                    f"{where}: field '{field_name}' (trace {tid!r}) must be a non-empty list of non-empty strings"
+                )
             if any(marker in s for s in steps):
                 k = next(k for k, s in enumerate(steps) if marker in s)
-                raise BetaPRMInputError(f"{where}: field '{field_name}[{k}]' contains the marker text {marker!r}; fix: remove it (records holding it cannot be trained on)")
+                raise BetaPRMInputError(
+                    f"{where}: field '{field_name}[{k}]' contains the marker text {marker!r}; fix: remove it (records holding it cannot be trained on)"
+                )
             if tid in seen:
                 raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")
             seen.add(tid)
@@ -93,7 +105,14 @@ def label_traces(
     done = _completed_ids(out)
     failed_done = _completed_ids(failed_out) if failed_out else set()
     todo = [it for it in items if it.id not in done and it.id not in failed_done]
-    stats = {"traces": len(items), "already_done": len(items) - len(todo), "labelled": 0, "failed_traces": 0, "failed_checks": 0, "tokens": 0}
+    stats = {
+        "traces": len(items),
+        "already_done": len(items) - len(todo),
+        "labelled": 0,
+        "failed_traces": 0,
+        "failed_checks": 0,
+        "tokens": 0,
+    }
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
@@ -106,7 +125,9 @@ def label_traces(
                 reqs, where = [], []
                 for it in part:
                     for t in range(len(it.steps) - 1):  # the last step is the whole trace
-                        reqs.append(GenerationRequest(it.question, it.steps[: t + 1], n, it.handle, _seed(seed, it.id, t)))
+                        reqs.append(
+                            GenerationRequest(it.question, it.steps[: t + 1], n, it.handle, _seed(seed, it.id, t))
+                        )
                         where.append((it, t))
                 comps = generator.generate(reqs) if reqs else []
                 pairs, slots = [], []
@@ -129,7 +150,13 @@ def label_traces(
                         tally[(iid, t)] = [k + w * bool(v), m + w, f]
                 for it in part:
                     rows = [tally[(it.id, t)] for t in range(len(it.steps))]
-                    rec = {"id": it.id, "question": it.question, "steps": it.steps, "mc_correct": [r[0] for r in rows], "mc_total": [r[1] for r in rows]}
+                    rec = {
+                        "id": it.id,
+                        "question": it.question,
+                        "steps": it.steps,
+                        "mc_correct": [r[0] for r in rows],
+                        "mc_total": [r[1] for r in rows],
+                    }
                     if it.answer is not None:
                         rec["answer"] = it.answer if isinstance(it.answer, (str, int, float)) else str(it.answer)
                     if it.source:

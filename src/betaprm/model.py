@@ -153,7 +153,14 @@ class KappaHead(nn.Linear):
 class BetaPRM(nn.Module):
     """A causal-LM backbone plus a kappa head; see the module docstring."""
 
-    def __init__(self, backbone: nn.Module, tokenizer, config: BetaPRMConfig, kappa_head: nn.Linear | None = None, processor=None):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        tokenizer,
+        config: BetaPRMConfig,
+        kappa_head: nn.Linear | None = None,
+        processor=None,
+    ):
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
@@ -211,16 +218,24 @@ class BetaPRM(nn.Module):
             path = str(model_or_path)
             vision = is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
             auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-            backbone = auto.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=None)
+            backbone = auto.from_pretrained(
+                path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=None
+            )
             if tokenizer is None:
-                tokenizer = processor.tokenizer if processor is not None else AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+                tokenizer = (
+                    processor.tokenizer
+                    if processor is not None
+                    else AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+                )
             if vision and processor is None:
                 processor = load_processor(path, tokenizer)
         else:
             backbone = model_or_path
             vision = is_vision_config(backbone.config)
             if vision and processor is None:
-                raise BetaPRMInputError("from_backbone got a vision-language model instance but no processor; pass processor= (its image processor and tokenizer)")
+                raise BetaPRMInputError(
+                    "from_backbone got a vision-language model instance but no processor; pass processor= (its image processor and tokenizer)"
+                )
             if tokenizer is None:
                 tokenizer = processor.tokenizer if processor is not None else None
             if tokenizer is None:
@@ -229,7 +244,9 @@ class BetaPRM(nn.Module):
                     "one the model was trained with)"
                 )
         if processor is not None and processor.tokenizer is not tokenizer:
-            raise BetaPRMInputError("the processor's tokenizer must be the tokenizer given (the marker is added to it)")
+            raise BetaPRMInputError(
+                "the processor's tokenizer must be the tokenizer given (the marker is added to it)"
+            )
         config = BetaPRMConfig(
             marker=marker,
             reward_tokens=tuple(reward_tokens),
@@ -311,7 +328,14 @@ class BetaPRM(nn.Module):
         """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``."""
         return F.softplus(self.kappa_head(hidden).squeeze(-1)) + self.config.kappa_min
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, return_hidden: bool = False, detach_kappa: bool = False, **backbone_inputs) -> BetaPRMOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        return_hidden: bool = False,
+        detach_kappa: bool = False,
+        **backbone_inputs,
+    ) -> BetaPRMOutput:
         """Scores at every marker of a right- or left-padded batch ``input_ids`` (B, S).
 
         ``return_hidden`` also returns all last hidden states (for an auxiliary
@@ -326,7 +350,13 @@ class BetaPRM(nn.Module):
         h = hidden[marker_mask]  # (M, H), row-major order
         z = self.reward_logits(h)
         mu = torch.softmax(z, dim=-1)[:, 0]
-        return BetaPRMOutput(reward_logits=z, mu=mu, kappa=self.kappa_from_hidden(h.detach() if detach_kappa else h), row=row, hidden_states=hidden if return_hidden else None)
+        return BetaPRMOutput(
+            reward_logits=z,
+            mu=mu,
+            kappa=self.kappa_from_hidden(h.detach() if detach_kappa else h),
+            row=row,
+            hidden_states=hidden if return_hidden else None,
+        )
 
     # ------------------------------------------------------------------ scoring
     def score(self, question: str, candidates, batch_size: int = 16):
@@ -352,8 +382,8 @@ class BetaPRM(nn.Module):
         path = Path(save_directory)
         path.mkdir(parents=True, exist_ok=True)
         if state_dict is not None:
-            backbone_sd = {k[len("backbone."):]: v for k, v in state_dict.items() if k.startswith("backbone.")}
-            head_sd = {k[len("kappa_head."):]: v for k, v in state_dict.items() if k.startswith("kappa_head.")}
+            backbone_sd = {k[len("backbone.") :]: v for k, v in state_dict.items() if k.startswith("backbone.")}
+            head_sd = {k[len("kappa_head.") :]: v for k, v in state_dict.items() if k.startswith("kappa_head.")}
             self.backbone.save_pretrained(path, state_dict=backbone_sd)
         else:
             head_sd = self.kappa_head.state_dict()
@@ -386,9 +416,13 @@ class BetaPRM(nn.Module):
         try:
             raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
         except (OSError, BadJSON) as e:
-            raise BetaPRMInputError(f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train") from None
+            raise BetaPRMInputError(
+                f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train"
+            ) from None
         if not isinstance(raw, dict):
-            raise BetaPRMInputError(f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save it with save_pretrained, or re-train")
+            raise BetaPRMInputError(
+                f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save it with save_pretrained, or re-train"
+            )
         known = set(BetaPRMConfig.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -396,17 +430,25 @@ class BetaPRM(nn.Module):
         config = BetaPRMConfig(**raw)
         auto = getattr(transformers, config.auto_class, None)
         if auto is None or not config.auto_class.startswith("AutoModel"):
-            raise BetaPRMInputError(f"{cfg_file}: auto_class {config.auto_class!r} is not a transformers AutoModel class")
+            raise BetaPRMInputError(
+                f"{cfg_file}: auto_class {config.auto_class!r} is not a transformers AutoModel class"
+            )
         damaged = "the checkpoint is damaged ({}); re-save it with save_pretrained, or re-train"
         try:
-            backbone = auto.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True)
+            backbone = auto.from_pretrained(
+                path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True
+            )
         except (OSError, SafetensorError) as e:
             weights = sorted(path.glob("model*.safetensors"))
             where = weights[0] if len(weights) == 1 else path / "model*.safetensors"
-            raise BetaPRMInputError(f"{where}: cannot read the model weights or config.json: " + damaged.format(e)) from None
+            raise BetaPRMInputError(
+                f"{where}: cannot read the model weights or config.json: " + damaged.format(e)
+            ) from None
         tok_cls = getattr(transformers, config.tokenizer_class, None) if config.tokenizer_class else None
         try:
-            tokenizer = (tok_cls or transformers.AutoTokenizer).from_pretrained(path, trust_remote_code=trust_remote_code)
+            tokenizer = (tok_cls or transformers.AutoTokenizer).from_pretrained(
+                path, trust_remote_code=trust_remote_code
+            )
         except (OSError, json.JSONDecodeError) as e:
             raise BetaPRMInputError(f"{path}: cannot read the tokenizer files: " + damaged.format(e)) from None
         if config.tokenizer_probe_ids and _probe_ids(tokenizer) != config.tokenizer_probe_ids:
@@ -452,9 +494,15 @@ def load_prm(path, device, trust_remote_code: bool = False) -> tuple[BetaPRM, st
             from .data.records import load_json_file
 
             data = load_json_file(summary, what="a training summary")
-            objective = data.get("config", {}).get("objective") if isinstance(data, dict) and isinstance(data.get("config"), dict) else None
+            objective = (
+                data.get("config", {}).get("objective")
+                if isinstance(data, dict) and isinstance(data.get("config"), dict)
+                else None
+            )
             if objective is None:
-                raise BetaPRMInputError(f"{summary}: no config.objective in this training summary; restore the file written by betaprm train")
+                raise BetaPRMInputError(
+                    f"{summary}: no config.objective in this training summary; restore the file written by betaprm train"
+                )
         return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
     prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)
     return prm.to(device).eval(), "zero-shot"
@@ -463,7 +511,9 @@ def load_prm(path, device, trust_remote_code: bool = False) -> tuple[BetaPRM, st
 def _hidden_size(backbone) -> int:
     emb = backbone.get_output_embeddings()
     if emb is None or not hasattr(emb, "weight"):
-        raise BetaPRMInputError(f"{type(backbone).__name__} has no output embedding (LM head) to read reward logits from")
+        raise BetaPRMInputError(
+            f"{type(backbone).__name__} has no output embedding (LM head) to read reward logits from"
+        )
     return emb.weight.shape[1]
 
 

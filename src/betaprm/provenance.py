@@ -29,13 +29,15 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
 from .errors import BetaPRMInputError
+
+logger = logging.getLogger(__name__)
 
 META_SUFFIX = ".meta.json"
 LOCK_SUFFIX = ".lock"
@@ -63,7 +65,9 @@ def _hash_file(h, path: Path) -> None:
             for chunk in iter(lambda: f.read(_BLOCK), b""):
                 h.update(chunk)
             return
-        blocks = [(0, _BLOCK), (size - _BLOCK, _BLOCK)] + [(size * i // (_SAMPLES + 1), _SAMPLE) for i in range(1, _SAMPLES + 1)]
+        blocks = [(0, _BLOCK), (size - _BLOCK, _BLOCK)] + [
+            (size * i // (_SAMPLES + 1), _SAMPLE) for i in range(1, _SAMPLES + 1)
+        ]
         for offset, n in blocks:
             f.seek(offset)
             h.update(f.read(n))
@@ -79,7 +83,12 @@ def model_fingerprint(path) -> str:
         return f"name:{path}"
     h = hashlib.sha256()
     for f in sorted(p.iterdir()):
-        if f.is_file() and f.suffix in _MODEL_SUFFIXES and f.name not in _NOT_MODEL and not f.name.endswith(META_SUFFIX):
+        if (
+            f.is_file()
+            and f.suffix in _MODEL_SUFFIXES
+            and f.name not in _NOT_MODEL
+            and not f.name.endswith(META_SUFFIX)
+        ):
             h.update(f.name.encode() + b"\0")
             _hash_file(h, f)
     return h.hexdigest()[:16]
@@ -156,18 +165,21 @@ def _check_settings(path: Path, settings: dict, info: dict, flag: str) -> None:
             if not isinstance(old_settings, dict) or not isinstance(old_info, dict):
                 raise TypeError("settings and info must be objects")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise BetaPRMInputError(f"{meta}: not a betaprm settings file; delete {path} to start anew, or use another {flag}") from None
+            raise BetaPRMInputError(
+                f"{meta}: not a betaprm settings file; delete {path} to start anew, or use another {flag}"
+            ) from None
         diff = differences(old_settings, settings, old_info, info)
         if diff:
             raise BetaPRMInputError(
-                f"{path} holds records made with other settings (recorded in {meta}):\n  " + "\n  ".join(diff)
+                f"{path} holds records made with other settings (recorded in {meta}):\n  "
+                + "\n  ".join(diff)
                 + f"\nresuming would mix the two in one file: rerun with the recorded settings to resume, "
                 f"or write to another {flag}, or delete {path} to start anew"
             )
         return
     if has_records:
         # Written before outputs recorded their settings: nothing to check against.
-        print(f"{path}: no {meta.name} records the settings of the existing records; assuming this run's", file=sys.stderr)
+        logger.warning(f"{path}: no {meta.name} records the settings of the existing records; assuming this run's")
     # No records yet (or none checkable): these settings are the file's from now on.
     _write_json(meta, {"settings": settings, "info": {**info, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}})
 
@@ -189,12 +201,16 @@ def open_output(path, settings: dict, info: dict | None = None, flag: str = "--o
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = _lock(path, flag)
     except OSError as e:
-        raise BetaPRMInputError(f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions") from None
+        raise BetaPRMInputError(
+            f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions"
+        ) from None
     try:
         try:
             _check_settings(path, settings, info, flag)
         except OSError as e:
-            raise BetaPRMInputError(f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions") from None
+            raise BetaPRMInputError(
+                f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions"
+            ) from None
         yield path
     finally:
         fh.close()
@@ -206,7 +222,9 @@ def write_result(path, result: dict, settings: dict, info: dict | None = None) -
     and is written as null, so the file stays strict JSON."""
     from .model import _version
 
-    obj = finite_or_null({**result, "provenance": {"settings": settings, "info": {**(info or {}), "betaprm": _version()}}})
+    obj = finite_or_null(
+        {**result, "provenance": {"settings": settings, "info": {**(info or {}), "betaprm": _version()}}}
+    )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
 

@@ -19,8 +19,17 @@ __all__ = ["StepRewards"]
 
 
 class StepRewards:
-    def __init__(self, prm=None, url: str | None = None, separator: str = "\n\n", value: str = "mu", lam: float = 0.5,
-                 api_key: str | None = None, timeout: float = 120.0, max_batch_tokens: int | None = None):
+    def __init__(
+        self,
+        prm=None,
+        url: str | None = None,
+        separator: str = "\n\n",
+        value: str = "mu",
+        lam: float = 0.5,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_batch_tokens: int | None = None,
+    ):
         if (prm is None) == (url is None):
             raise BetaPRMInputError("give a local prm= or a server url=, not both and not neither")
         if value not in ("mu", "lin"):

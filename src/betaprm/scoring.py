@@ -7,6 +7,7 @@ small, and results returned in the caller's order.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +16,8 @@ from ._batching import _autocast, split_by_trace
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
 from .types import StepScores
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MAX_BATCH_TOKENS", "PRMScorer", "StepScores", "score_token_ids", "score_traces", "token_batches"]
 
@@ -61,7 +64,11 @@ def token_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size:
     for i in order:
         b = batches[-1] if batches else None
         # Longest first: the batch's first trace sets its padded width.
-        if b and (len(b) + 1) * max(lengths[b[0]], 1) <= max_batch_tokens and (max_batch_size is None or len(b) < max_batch_size):
+        if (
+            b
+            and (len(b) + 1) * max(lengths[b[0]], 1) <= max_batch_tokens
+            and (max_batch_size is None or len(b) < max_batch_size)
+        ):
             b.append(i)
         else:
             batches.append([i])
@@ -82,8 +89,14 @@ TRUNCATE_MODES = ("error", "steps")
 TRUNCATE_HINT = "pass --truncate steps to score the whole steps that fit (the others get no score), or use a model with more positions"
 
 
-def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None,
-               hint: str = TRUNCATE_HINT) -> tuple[list[list[int]], list[int | None]]:
+def fit_traces(
+    prm,
+    token_ids: Sequence[Sequence[int]],
+    truncate: str = "error",
+    names: Sequence[str] | None = None,
+    max_length: int | None = None,
+    hint: str = TRUNCATE_HINT,
+) -> tuple[list[list[int]], list[int | None]]:
     """Encoded traces made to fit the model's positions: ``(ids, steps kept)``, where
     ``steps kept`` is None for a trace that fits whole (no pass over its tokens is spent
     on counting) and the number of whole steps kept for a cut one.
@@ -108,18 +121,24 @@ def fit_traces(prm, token_ids: Sequence[Sequence[int]], truncate: str = "error",
             continue
         name = names[j] if names is not None else f"trace {j}"
         if truncate == "error":
-            raise BetaPRMInputError(
-                f"{name}: {len(ids)} tokens, more than the model's {limit} positions; {hint}"
-            )
+            raise BetaPRMInputError(f"{name}: {len(ids)} tokens, more than the model's {limit} positions; {hint}")
         cut, n = fit_to_length(ids, marker, limit, rep)
         if n == 0:
-            raise BetaPRMInputError(f"{name}: not even its first step fits in the model's {limit} positions ({len(ids)} tokens); shorten the question or use a model with more positions")
+            raise BetaPRMInputError(
+                f"{name}: not even its first step fits in the model's {limit} positions ({len(ids)} tokens); shorten the question or use a model with more positions"
+            )
         out_ids.append(cut)
         kept.append(n)
     return out_ids, kept
 
 
-def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int | None = None, progress=None, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> list[StepScores]:
+def score_token_ids(
+    prm,
+    token_ids: Sequence[Sequence[int]],
+    batch_size: int | None = None,
+    progress=None,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+) -> list[StepScores]:
     """Score already-encoded traces (lists of token ids with marker tokens), in order.
 
     Batches are packed by ``max_batch_tokens`` padded tokens (and at most ``batch_size``
@@ -148,8 +167,18 @@ def score_token_ids(prm, token_ids: Sequence[Sequence[int]], batch_size: int | N
     return results  # type: ignore[return-value]
 
 
-def score_traces(prm, traces: Sequence[tuple[str, Sequence[str]]], batch_size: int | None = None, progress=None, *, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-                 truncate: str = "error", names: Sequence[str] | None = None, max_length: int | None = None, hint: str = TRUNCATE_HINT) -> list[StepScores]:
+def score_traces(
+    prm,
+    traces: Sequence[tuple[str, Sequence[str]]],
+    batch_size: int | None = None,
+    progress=None,
+    *,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    truncate: str = "error",
+    names: Sequence[str] | None = None,
+    max_length: int | None = None,
+    hint: str = TRUNCATE_HINT,
+) -> list[StepScores]:
     """Score ``(question, steps)`` traces, or ``(question, steps, image paths)`` with a
     vision-language BetaPRM; one ``StepScores`` per trace, in order.
 
@@ -176,7 +205,6 @@ def _completed_ids(path) -> set[str]:
     an interrupted write: it is cut off (and said so), every complete line is kept."""
     import json
     import os
-    import sys
 
     ids: set[str] = set()
     if not os.path.exists(path):
@@ -185,7 +213,7 @@ def _completed_ids(path) -> set[str]:
         data = f.read()
     keep = data.rfind(b"\n") + 1
     if keep < len(data):
-        print(f"{path}: removing a partial last line ({len(data) - keep} bytes) left by an interrupted run", file=sys.stderr)
+        logger.warning(f"{path}: removing a partial last line ({len(data) - keep} bytes) left by an interrupted run")
         with open(path, "r+b") as f:
             f.truncate(keep)
     for i, line in enumerate(data[:keep].splitlines(), 1):
@@ -194,7 +222,9 @@ def _completed_ids(path) -> set[str]:
         try:
             ids.add(str(json.loads(line)["id"]))
         except (ValueError, KeyError, TypeError, RecursionError):
-            raise BetaPRMInputError(f"{path}:{i}: existing output line is not a scored record; move the file away or fix it") from None
+            raise BetaPRMInputError(
+                f"{path}:{i}: existing output line is not a scored record; move the file away or fix it"
+            ) from None
     return ids
 
 
@@ -202,13 +232,25 @@ def _pool_images(record: dict, input_path) -> list[str]:
     """A pool's image paths, relative ones resolved against the pool file's folder."""
     from pathlib import Path
 
-    imgs = record.get("images") or ([record["image"]] if isinstance(record.get("image"), str) else record.get("image") or [])
+    imgs = record.get("images") or (
+        [record["image"]] if isinstance(record.get("image"), str) else record.get("image") or []
+    )
     base = Path(input_path).parent
     return [p if Path(p).is_absolute() else str(base / p) for p in imgs]
 
 
-def score_pool_file(prm, input_path, output_path, batch_size: int | None = None, on_error: str = "fail", rejects=None, chunk_candidates: int = 256, show_progress: bool = True,
-                    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, truncate: str = "error") -> dict:
+def score_pool_file(
+    prm,
+    input_path,
+    output_path,
+    batch_size: int | None = None,
+    on_error: str = "fail",
+    rejects=None,
+    chunk_candidates: int = 256,
+    show_progress: bool = True,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    truncate: str = "error",
+) -> dict:
     """Score a JSONL file of candidate pools into ``output_path``, appending.
 
     Each output line is the input record with ``mu``, ``kappa`` and ``sigma`` lists added
@@ -224,12 +266,23 @@ def score_pool_file(prm, input_path, output_path, batch_size: int | None = None,
     from .data.records import read_records
     from .provenance import json_line
 
-    loaded = read_records(input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects, flag="--input")
+    loaded = read_records(
+        input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects, flag="--input"
+    )
     done = _completed_ids(output_path)
     todo = [r for r in loaded.records if str(r["id"]) not in done]
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-    stats = {"records": len(loaded.records), "already_done": len(loaded.records) - len(todo), "scored": 0, "rejected": loaded.n_rejected, "candidates": 0}
-    with open(output_path, "a", encoding="utf-8") as out, tqdm(total=len(todo), desc="scoring", unit="pool", disable=not show_progress) as bar:
+    stats = {
+        "records": len(loaded.records),
+        "already_done": len(loaded.records) - len(todo),
+        "scored": 0,
+        "rejected": loaded.n_rejected,
+        "candidates": 0,
+    }
+    with (
+        open(output_path, "a", encoding="utf-8") as out,
+        tqdm(total=len(todo), desc="scoring", unit="pool", disable=not show_progress) as bar,
+    ):
         start = 0
         while start < len(todo):
             # A chunk of whole pools: candidates of several problems share batches.
@@ -241,10 +294,23 @@ def score_pool_file(prm, input_path, output_path, batch_size: int | None = None,
             traces = [(r["question"], c["steps"], _pool_images(r, input_path)) for r in pools for c in r["candidates"]]
             if getattr(prm, "processor", None) is None:
                 if any(t[2] for t in traces):
-                    raise BetaPRMInputError(f"{input_path}: pools with images need a vision-language BetaPRM; {type(prm.backbone).__name__} is text-only")
+                    raise BetaPRMInputError(
+                        f"{input_path}: pools with images need a vision-language BetaPRM; {type(prm.backbone).__name__} is text-only"
+                    )
                 traces = [t[:2] for t in traces]
-            names = [f"{input_path}: record {r['id']!r} candidate {j}" for r in pools for j in range(len(r["candidates"]))]
-            scores = iter(score_traces(prm, traces, batch_size=batch_size, max_batch_tokens=max_batch_tokens, truncate=truncate, names=names))
+            names = [
+                f"{input_path}: record {r['id']!r} candidate {j}" for r in pools for j in range(len(r["candidates"]))
+            ]
+            scores = iter(
+                score_traces(
+                    prm,
+                    traces,
+                    batch_size=batch_size,
+                    max_batch_tokens=max_batch_tokens,
+                    truncate=truncate,
+                    names=names,
+                )
+            )
             lines = []
             for r in pools:
                 rec = dict(r)
@@ -288,5 +354,11 @@ class PRMScorer:
 
     def __call__(self, traces: Sequence[tuple[str, Sequence[str]]]) -> list[StepScores]:
         names = [f"a candidate of question {q[:60]!r}" for q, _ in traces]
-        return score_traces(self.prm, [(q, list(s)) for q, s in traces], batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
-                            names=names, hint="ACA needs every step scored: use a PRM with more positions, or a lower --max-new-tokens for the policy")
+        return score_traces(
+            self.prm,
+            [(q, list(s)) for q, s in traces],
+            batch_size=self.batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            names=names,
+            hint="ACA needs every step scored: use a PRM with more positions, or a lower --max-new-tokens for the policy",
+        )

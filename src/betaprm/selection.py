@@ -69,7 +69,9 @@ def _one(s: StepScores, method: str, lam: float, tau: float | None) -> float:
     raise ValueError(f"unknown selection method {method!r}; choose from {', '.join(METHODS)}")
 
 
-def candidate_scores(pool: Sequence[StepScores], method: str = "mean", lam: float = 0.5, tau: float | None = None) -> np.ndarray:
+def candidate_scores(
+    pool: Sequence[StepScores], method: str = "mean", lam: float = 0.5, tau: float | None = None
+) -> np.ndarray:
     """One score per candidate of ``pool`` (higher is better); shape (len(pool),)."""
     return np.array([_one(s, method, lam, tau) for s in pool], dtype=np.float64)
 

@@ -42,7 +42,9 @@ SELECTORS: dict[str, Selector] = {
     "lin": Selector("top-1 S_lin", lambda a, s, t: select(s, "lin", t["lin"].lam), tuned="lin"),
     "rb": Selector("top-1 S_RB", lambda a, s, t: select(s, "rb", t["rb"].lam, t["rb"].tau), tuned="rb"),
     "weighted_vote": Selector("mu-weighted vote", lambda a, s, t: weighted_vote(a, candidate_scores(s, "mean"))),
-    "last_weighted_vote": Selector("last-mu-weighted vote", lambda a, s, t: weighted_vote(a, candidate_scores(s, "last"))),
+    "last_weighted_vote": Selector(
+        "last-mu-weighted vote", lambda a, s, t: weighted_vote(a, candidate_scores(s, "last"))
+    ),
     "reliability_vote": Selector("reliability-weighted vote (S_lin)", _reliability_vote, tuned="reliability_vote"),
     "oracle": Selector("oracle pass@N", None, needs_scores=False),
 }
@@ -56,7 +58,9 @@ def pick(name: str, answers: Sequence, scores: Sequence[StepScores] | None, tune
     return sel.pick(answers, scores, tuned)
 
 
-def hit(name: str, answers: Sequence, correct: Sequence, scores: Sequence[StepScores] | None, tuned: dict) -> float | None:
+def hit(
+    name: str, answers: Sequence, correct: Sequence, scores: Sequence[StepScores] | None, tuned: dict
+) -> float | None:
     """1.0 / 0.0 for the candidate ``name`` picks; None when that candidate's check failed
     (left out of an accuracy, never counted as wrong). The oracle: any candidate right."""
     if SELECTORS[name].pick is None:
@@ -67,15 +71,22 @@ def hit(name: str, answers: Sequence, correct: Sequence, scores: Sequence[StepSc
     return None if correct[i] is None else float(bool(correct[i]))
 
 
-def tune_selectors(scores: Sequence[Sequence[StepScores]], answers: Sequence[Sequence], correct: Sequence[Sequence]) -> dict:
+def tune_selectors(
+    scores: Sequence[Sequence[StepScores]], answers: Sequence[Sequence], correct: Sequence[Sequence]
+) -> dict:
     """The tuned values on validation pools: S_lin's lambda, S_RB's lambda and q (its sigma
     threshold tau), and the reliability vote's lambda. A failed check counts as wrong here."""
     corr = [[bool(c) for c in cs] for cs in correct]
     tuned = {"lin": tune(scores, corr, "lin"), "rb": tune(scores, corr, "rb")}
     best = None
     for lam in (0.0,) + PAPER_LAMBDAS:  # ties keep the first
-        acc = np.mean([bool(i is not None and cs[i]) for s, a, cs in zip(scores, answers, corr)
-                       for i in [weighted_vote(a, np.clip(candidate_scores(s, "lin", lam), 0, None))]])
+        acc = np.mean(
+            [
+                bool(i is not None and cs[i])
+                for s, a, cs in zip(scores, answers, corr)
+                for i in [weighted_vote(a, np.clip(candidate_scores(s, "lin", lam), 0, None))]
+            ]
+        )
         if best is None or acc > best[1]:
             best = (lam, acc)
     tuned["reliability_vote"] = best[0]

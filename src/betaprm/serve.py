@@ -98,15 +98,21 @@ class _Batcher:
 
     def _score(self, batch) -> list:
         """StepScores, or the RequestError of a trace over the model's positions, per item."""
-        ids = encode_traces(self.prm.tokenizer, self.prm.config.marker_id, [t for t, _, _ in batch], self.prm.config.trace_format)
+        ids = encode_traces(
+            self.prm.tokenizer, self.prm.config.marker_id, [t for t, _, _ in batch], self.prm.config.trace_format
+        )
         out: list = [None] * len(batch)
         fits = []
         for i, ((_, name, _), x) in enumerate(zip(batch, ids)):
             if self.limit is not None and len(x) > self.limit:
-                out[i] = RequestError(413, f"{name}: {len(x)} tokens, more than the model's {self.limit} positions; send a shorter trace")
+                out[i] = RequestError(
+                    413, f"{name}: {len(x)} tokens, more than the model's {self.limit} positions; send a shorter trace"
+                )
             else:
                 fits.append(i)
-        for i, r in zip(fits, score_token_ids(self.prm, [ids[i] for i in fits], max_batch_tokens=self.settings.max_batch_tokens)):
+        for i, r in zip(
+            fits, score_token_ids(self.prm, [ids[i] for i in fits], max_batch_tokens=self.settings.max_batch_tokens)
+        ):
             out[i] = r
         return out
 
@@ -132,7 +138,11 @@ class _Batcher:
                 if left <= 0 and self.queue.empty():
                     break
                 try:
-                    item = self.queue.get_nowait() if not self.queue.empty() else await asyncio.wait_for(self.queue.get(), left)
+                    item = (
+                        self.queue.get_nowait()
+                        if not self.queue.empty()
+                        else await asyncio.wait_for(self.queue.get(), left)
+                    )
                 except (asyncio.TimeoutError, TimeoutError):
                     break
                 batch.append(item)
@@ -182,7 +192,9 @@ def _parse_trace(obj, where: str) -> tuple[str, list[str]]:
     if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
         raise RequestError(400, f"{where}: field 'steps' must be a non-empty list of non-empty strings")
     if obj.get("images"):
-        raise RequestError(400, f"{where}: images are not served yet (betaprm serve scores text traces); leave out 'images'")
+        raise RequestError(
+            400, f"{where}: images are not served yet (betaprm serve scores text traces); leave out 'images'"
+        )
     return question, steps
 
 
@@ -223,10 +235,14 @@ def create_app(prm, settings: ServeSettings | None = None):
                 raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > settings.max_request_bytes:
-            raise RequestError(413, f"request body of {length} bytes is over the server's {settings.max_request_bytes}")
+            raise RequestError(
+                413, f"request body of {length} bytes is over the server's {settings.max_request_bytes}"
+            )
         raw = await request.body()
         if len(raw) > settings.max_request_bytes:
-            raise RequestError(413, f"request body of {len(raw)} bytes is over the server's {settings.max_request_bytes}")
+            raise RequestError(
+                413, f"request body of {len(raw)} bytes is over the server's {settings.max_request_bytes}"
+            )
         try:
             return json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
         except (ValueError, RecursionError) as e:
@@ -234,22 +250,44 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     def check(traces: list[tuple[str, list[str]]], names: list[str]) -> None:
         if len(traces) > settings.max_items:
-            raise RequestError(413, f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per request")
+            raise RequestError(
+                413,
+                f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per request",
+            )
         marker = prm.config.marker
         for name, (q, steps) in zip(names, traces):
             if marker in q or any(marker in x for x in steps):
-                raise RequestError(400, f"{name} contains the marker text {marker!r}, which would add a scoring position that belongs to no step; remove it")
+                raise RequestError(
+                    400,
+                    f"{name} contains the marker text {marker!r}, which would add a scoring position that belongs to no step; remove it",
+                )
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "batches": batcher.batches, "traces": batcher.traces,
-                "mean_batch_traces": batcher.traces / batcher.batches if batcher.batches else 0.0}
+        return {
+            "status": "ok",
+            "batches": batcher.batches,
+            "traces": batcher.traces,
+            "mean_batch_traces": batcher.traces / batcher.batches if batcher.batches else 0.0,
+        }
 
     @app.get("/v1/models")
     async def models():
         c = prm.config
-        return {"data": [{"id": settings.model_name, "object": "model", "marker": c.marker, "reward_tokens": list(c.reward_tokens),
-                          "max_positions": limit, "lam": settings.lam, "tau": settings.tau, "aggregate": settings.aggregate}]}
+        return {
+            "data": [
+                {
+                    "id": settings.model_name,
+                    "object": "model",
+                    "marker": c.marker,
+                    "reward_tokens": list(c.reward_tokens),
+                    "max_positions": limit,
+                    "lam": settings.lam,
+                    "tau": settings.tau,
+                    "aggregate": settings.aggregate,
+                }
+            ]
+        }
 
     @app.post("/v1/score")
     async def score(request: Request):
@@ -272,7 +310,9 @@ def create_app(prm, settings: ServeSettings | None = None):
     async def get_reward(request: Request):
         body = await body_of(request)
         if not isinstance(body, dict) or not isinstance(body.get("query"), list) or not body["query"]:
-            raise RequestError(400, "the body must be {\"query\": [texts], \"prompts\": [texts]} (OpenRLHF's remote reward model)")
+            raise RequestError(
+                400, 'the body must be {"query": [texts], "prompts": [texts]} (OpenRLHF\'s remote reward model)'
+            )
         queries, prompts = body["query"], body.get("prompts")
         if prompts is not None and (not isinstance(prompts, list) or len(prompts) != len(queries)):
             raise RequestError(400, f"'prompts' must be a list with one prompt per query ({len(queries)})")
@@ -281,7 +321,7 @@ def create_app(prm, settings: ServeSettings | None = None):
             if not isinstance(q, str) or (prompts is not None and not isinstance(prompts[i], str)):
                 raise RequestError(400, f"query[{i}] and its prompt must be strings")
             prompt = prompts[i] if prompts is not None else ""
-            response = q[len(prompt):] if q.startswith(prompt) else q
+            response = q[len(prompt) :] if q.startswith(prompt) else q
             steps = [s.strip() for s in response.split(settings.step_separator) if s.strip()]
             if not steps:
                 raise RequestError(400, f"query[{i}] has no response text after its prompt to score")

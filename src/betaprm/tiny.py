@@ -91,8 +91,17 @@ def tiny_vlm(kind: str = "qwen2_5_vl", texts: Iterable[str] = (), seed: int = 0)
 
     from .vision import build_processor
 
-    base = train_bytelevel_tokenizer(list(texts) or ["Question: what is 3 + 4 ? Process: 3 + 4 = 7 so the answer is 7"] * 20, vocab_size=320)
-    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048)
+    base = train_bytelevel_tokenizer(
+        list(texts) or ["Question: what is 3 + 4 ? Process: 3 + 4 = 7 so the answer is 7"] * 20, vocab_size=320
+    )
+    text = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+    )
     torch.manual_seed(seed)
     if kind == "qwen2_5_vl":
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
@@ -103,31 +112,70 @@ def tiny_vlm(kind: str = "qwen2_5_vl", texts: Iterable[str] = (), seed: int = 0)
         ids = {s: base.convert_tokens_to_ids(s) for s in specials}
         cfg = Qwen2_5_VLConfig(
             text_config=dict(vocab_size=len(base), rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, **text),
-            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-                               spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[1], window_size=56),
-            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-            bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id, pad_token_id=base.pad_token_id,
+            vision_config=dict(
+                depth=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_heads=2,
+                out_hidden_size=64,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                fullatt_block_indexes=[1],
+                window_size=56,
+            ),
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            bos_token_id=base.bos_token_id,
+            eos_token_id=base.eos_token_id,
+            pad_token_id=base.pad_token_id,
         )
         model = Qwen2_5_VLForConditionalGeneration(cfg)
-        proc = build_processor("Qwen2_5_VLProcessor", Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56), base)
+        proc = build_processor(
+            "Qwen2_5_VLProcessor", Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56), base
+        )
         return model.eval(), proc
     if kind == "internvl":
         from transformers import InternVLConfig, InternVLForConditionalGeneration
         from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-        sp = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
+        sp = {
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        }
         base.add_tokens([AddedToken(s, special=True, normalized=False) for s in sp.values()], special_tokens=True)
-        tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                      pad_token="<|pad|>", extra_special_tokens=sp)
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=base.backend_tokenizer,
+            eos_token="<|endoftext|>",
+            bos_token="<|endoftext|>",
+            pad_token="<|pad|>",
+            extra_special_tokens=sp,
+        )
         cfg = InternVLConfig(
             text_config=dict(model_type="qwen2", vocab_size=len(tok), **text),
-            vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=[28, 28], patch_size=[14, 14]),
-            image_token_id=tok.context_image_token_id, downsample_ratio=0.5,
+            vision_config=dict(
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                image_size=[28, 28],
+                patch_size=[14, 14],
+            ),
+            image_token_id=tok.context_image_token_id,
+            downsample_ratio=0.5,
         )
         model = InternVLForConditionalGeneration(cfg)
         # image_seq_length = (28 / 14)^2 * 0.5^2 tokens per 28x28 tile
-        proc = build_processor("InternVLProcessor", GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=False), tok, image_seq_length=1)
+        proc = build_processor(
+            "InternVLProcessor",
+            GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=False),
+            tok,
+            image_seq_length=1,
+        )
         return model.eval(), proc
     raise ValueError(f"kind must be qwen2_5_vl or internvl, got {kind!r}")
 
@@ -144,4 +192,6 @@ def save_vlm_dir(model, processor, path) -> None:
     model.save_pretrained(path)
     processor.tokenizer.save_pretrained(path)
     processor.image_processor.save_pretrained(path)
-    (path / "processor_config.json").write_text(json.dumps({"processor_class": type(processor).__name__, **processor_kwargs(processor)}))
+    (path / "processor_config.json").write_text(
+        json.dumps({"processor_class": type(processor).__name__, **processor_kwargs(processor)})
+    )

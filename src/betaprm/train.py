@@ -17,6 +17,7 @@ safetensors plus the Trainer's optimiser, scheduler, RNG and data position, so
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from torch import nn
 from .beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
 from .errors import BetaPRMInputError, TrainingDivergedError
 from .options import opt as _f
+
+logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("beta-binomial", "soft-ce", "hard-ce")
 STATE_NAME = "model.safetensors"
@@ -41,8 +44,13 @@ class TrainConfig:
     output_dir: str = _f("outputs/betaprm", "where checkpoints and the final BetaPRM are written")
     objective: str = _f("beta-binomial", "beta-binomial (BetaPRM), soft-ce (the standard PRM) or hard-ce")
     lambda_reg: float = _f(0.05, "weight of the evidence regulariser (beta-binomial only)")
-    hard_threshold: float = _f(0.5, "hard-ce: a step is correct when K/N > this (0 gives Math-Shepherd's 'any success')")
-    aux_lm_weight: float = _f(0.0, "weight of an auxiliary next-token loss on the trace text (keeps a small backbone's pretrained skills; costs full-vocabulary logits)")
+    hard_threshold: float = _f(
+        0.5, "hard-ce: a step is correct when K/N > this (0 gives Math-Shepherd's 'any success')"
+    )
+    aux_lm_weight: float = _f(
+        0.0,
+        "weight of an auxiliary next-token loss on the trace text (keeps a small backbone's pretrained skills; costs full-vocabulary logits)",
+    )
     learning_rate: float = _f(1e-5, "peak learning rate of the backbone")
     head_lr_multiplier: float = _f(10.0, "the kappa head's learning rate is this times learning_rate")
     weight_decay: float = _f(0.05, "AdamW weight decay (not applied to biases, norms or the kappa head)")
@@ -53,7 +61,9 @@ class TrainConfig:
     global_batch_size: int = _f(512, "traces per optimiser step, over all devices (reached by gradient accumulation)")
     per_device_batch_size: int = _f(4, "traces per forward pass on each device")
     max_length: int = _f(8192, "tokens per trace; longer traces keep the whole steps that fit")
-    truncation: str = _f("keep-steps", "keep-steps: cut long traces after the last whole step that fits; reject: leave them out")
+    truncation: str = _f(
+        "keep-steps", "keep-steps: cut long traces after the last whole step that fits; reject: leave them out"
+    )
     lora_r: int = _f(0, "LoRA rank (0: full fine-tuning)")
     lora_alpha: int = _f(32, "LoRA alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
@@ -63,24 +73,41 @@ class TrainConfig:
     logging_steps: int = _f(10, "log every this many optimiser steps")
     save_steps: int = _f(500, "save a checkpoint every this many optimiser steps")
     save_total_limit: int = _f(2, "keep at most this many checkpoints")
-    plots: str | None = _f(None, "write kappa_dynamics.png (kappa mean and 90th percentile over training, the paper's figure 4) into this folder")
+    plots: str | None = _f(
+        None,
+        "write kappa_dynamics.png (kappa mean and 90th percentile over training, the paper's figure 4) into this folder",
+    )
     report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
     seed: int = _f(42, "random seed (model init, data order)")
-    resume_from_checkpoint: str | None = _f(None, "checkpoint directory to resume from, or 'last' for the newest in output_dir")
-    overwrite_output_dir: bool = _f(False, "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model files overwritten (without this flag such a directory is refused, unless resuming)")
+    resume_from_checkpoint: str | None = _f(
+        None, "checkpoint directory to resume from, or 'last' for the newest in output_dir"
+    )
+    overwrite_output_dir: bool = _f(
+        False,
+        "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model files overwritten (without this flag such a directory is refused, unless resuming)",
+    )
     on_error: str = _f("fail", "fail: stop on any bad record; skip: leave bad records out (see --rejects)")
     rejects: str | None = _f(None, "where skipped records go (default: OUTPUT_DIR/rejects.jsonl)")
     marker: str = _f("<prm>", "the step marker token")
     reward_tokens: str = _f("Yes,No", "the two reward words, positive first, comma-separated")
     kappa_init: float = _f(4.0, "kappa of a new head before training")
     kappa_min: float = _f(1e-3, "lower bound added to softplus")
-    train_vision: bool = _f(False, "vision-language backbones: also train the vision encoder (by default it is frozen; the projector and language model train)")
-    kappa_detach: bool = _f(False, "beta-binomial: stop the kappa head's gradient at the backbone, so the backbone is shaped by mu alone and kappa reads its features")
+    train_vision: bool = _f(
+        False,
+        "vision-language backbones: also train the vision encoder (by default it is frozen; the projector and language model train)",
+    )
+    kappa_detach: bool = _f(
+        False,
+        "beta-binomial: stop the kappa head's gradient at the backbone, so the backbone is shaped by mu alone and kappa reads its features",
+    )
     chat_template: bool = _f(False, "wrap traces in the tokenizer's chat template (assistant turn)")
     marker_repeat: int = _f(1, "markers written after each step, scores read at the last (1: the paper's layout)")
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint (off unless you trust it)")
     dataloader_num_workers: int = _f(0, "data loader worker processes")
-    group_by_length: bool = _f(False, "draw each batch from traces of similar length (shuffled groups, the Trainer's LengthGroupedSampler): less padding, faster steps; the batches' mix of lengths changes")
+    group_by_length: bool = _f(
+        False,
+        "draw each batch from traces of similar length (shuffled groups, the Trainer's LengthGroupedSampler): less padding, faster steps; the batches' mix of lengths changes",
+    )
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
     ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
 
@@ -108,7 +135,9 @@ class TrainConfig:
         if self.lora_r < 0:
             problems.append(f"--lora-r must be >= 0, got {self.lora_r}")
         if self.overwrite_output_dir and self.resume_from_checkpoint:
-            problems.append("--overwrite-output-dir starts anew and --resume-from-checkpoint continues a run: give one of them")
+            problems.append(
+                "--overwrite-output-dir starts anew and --resume-from-checkpoint continues a run: give one of them"
+            )
         if problems:
             raise BetaPRMInputError("bad training configuration:\n  " + "\n  ".join(problems))
 
@@ -167,7 +196,17 @@ def _trainer_class():
     class BetaPRMTrainer(Trainer):
         """A Trainer whose loss is the PRM objective at the markers."""
 
-        def __init__(self, *args, objective: str, lambda_reg: float, hard_threshold: float, head_lr_multiplier: float, aux_lm_weight: float = 0.0, kappa_detach: bool = False, **kwargs):
+        def __init__(
+            self,
+            *args,
+            objective: str,
+            lambda_reg: float,
+            hard_threshold: float,
+            head_lr_multiplier: float,
+            aux_lm_weight: float = 0.0,
+            kappa_detach: bool = False,
+            **kwargs,
+        ):
             super().__init__(*args, **kwargs)
             self.aux_lm_weight = aux_lm_weight
             self.objective = objective
@@ -218,7 +257,9 @@ def _trainer_class():
             out = model(**inputs, return_hidden=self.aux_lm_weight > 0, detach_kappa=self.kappa_detach)
             mu, kappa = out.mu.float(), out.kappa.float()
             if mu.shape != k.shape:
-                raise RuntimeError(f"{mu.shape[0]} markers in the batch but {k.shape[0]} labels: the collator and the model disagree")
+                raise RuntimeError(
+                    f"{mu.shape[0]} markers in the batch but {k.shape[0]} labels: the collator and the model disagree"
+                )
             if self.objective == "beta-binomial":
                 nll = beta_binomial_nll(mu, kappa, k, n).mean()
                 reg = evidence_regularizer(mu, kappa, k, n).mean()
@@ -305,7 +346,9 @@ def _trainer_class():
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
             path = Path(resume_from_checkpoint) / STATE_NAME
             if not path.is_file():
-                raise BetaPRMInputError(f"{resume_from_checkpoint} is not a betaprm training checkpoint: {STATE_NAME} is missing")
+                raise BetaPRMInputError(
+                    f"{resume_from_checkpoint} is not a betaprm training checkpoint: {STATE_NAME} is missing"
+                )
             load_state(model if model is not None else self.model, path, sharded=self.is_fsdp_enabled)
 
     return BetaPRMTrainer
@@ -340,25 +383,37 @@ def _NonFiniteStop(trainer):
 # ---------------------------------------------------------------------- building blocks
 def load_or_create(cfg: TrainConfig):
     """A BetaPRM from a BetaPRM checkpoint or a plain causal LM (new head)."""
-    from .model import CONFIG_NAME, BetaPRM
-
     from safetensors import SafetensorError
+
+    from .model import CONFIG_NAME, BetaPRM
 
     path = Path(cfg.model)
     if (path / CONFIG_NAME).is_file():
         return BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
     # A hub id is "name" or "org/name"; anything else that is not on disk is a wrong path
     # (checked here so that no hub request is made for it).
-    if not path.exists() and (path.is_absolute() or cfg.model.startswith(".") or cfg.model.count("/") > 1 or "\\" in cfg.model):
-        raise BetaPRMInputError(f"--model {cfg.model}: no such directory; give a causal-LM directory, a BetaPRM checkpoint or a Hugging Face hub id")
+    if not path.exists() and (
+        path.is_absolute() or cfg.model.startswith(".") or cfg.model.count("/") > 1 or "\\" in cfg.model
+    ):
+        raise BetaPRMInputError(
+            f"--model {cfg.model}: no such directory; give a causal-LM directory, a BetaPRM checkpoint or a Hugging Face hub id"
+        )
     try:
         return BetaPRM.from_backbone(
-            cfg.model, marker=cfg.marker, reward_tokens=cfg.reward_words, kappa_init=cfg.kappa_init,
-            kappa_min=cfg.kappa_min, chat_template=cfg.chat_template, marker_repeat=cfg.marker_repeat, trust_remote_code=cfg.trust_remote_code,
+            cfg.model,
+            marker=cfg.marker,
+            reward_tokens=cfg.reward_words,
+            kappa_init=cfg.kappa_init,
+            kappa_min=cfg.kappa_min,
+            chat_template=cfg.chat_template,
+            marker_repeat=cfg.marker_repeat,
+            trust_remote_code=cfg.trust_remote_code,
         )
     except (OSError, SafetensorError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BetaPRMInputError(f"--model {cfg.model}: cannot load a model ({reason}); give a causal-LM directory (config.json, weights, tokenizer), a BetaPRM checkpoint, or a Hugging Face hub id you can reach") from None
+        raise BetaPRMInputError(
+            f"--model {cfg.model}: cannot load a model ({reason}); give a causal-LM directory (config.json, weights, tokenizer), a BetaPRM checkpoint, or a Hugging Face hub id you can reach"
+        ) from None
 
 
 def apply_lora(prm, cfg: TrainConfig) -> None:
@@ -370,8 +425,12 @@ def apply_lora(prm, cfg: TrainConfig) -> None:
         raise BetaPRMInputError("--lora-r needs peft: `pip install peft`") from None
     targets = cfg.lora_target_modules
     lcfg = LoraConfig(
-        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-        target_modules="all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules="all-linear"
+        if targets == "all-linear"
+        else [t.strip() for t in targets.split(",") if t.strip()],
         trainable_token_indices=[prm.config.marker_id],
     )
     prm.backbone = get_peft_model(prm.backbone, lcfg)
@@ -416,9 +475,26 @@ RUN_NAME = "betaprm_run.json"
 # TrainConfig fields that do not change the trained model (logging, saving, paths,
 # devices, how a global batch is split into micro-batches): left out of the settings a
 # resume must match. The data and the starting model enter as fingerprints of their contents.
-NOT_RESULTS = {"model", "data", "output_dir", "logging_steps", "save_steps", "save_total_limit", "plots", "report_to", "resume_from_checkpoint",
-               "overwrite_output_dir", "on_error", "rejects", "trust_remote_code", "dataloader_num_workers", "use_cpu", "ddp_backend",
-               "per_device_batch_size", "gradient_checkpointing"}
+NOT_RESULTS = {
+    "model",
+    "data",
+    "output_dir",
+    "logging_steps",
+    "save_steps",
+    "save_total_limit",
+    "plots",
+    "report_to",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+    "on_error",
+    "rejects",
+    "trust_remote_code",
+    "dataloader_num_workers",
+    "use_cpu",
+    "ddp_backend",
+    "per_device_batch_size",
+    "gradient_checkpointing",
+}
 
 
 def run_record(cfg: TrainConfig) -> dict:
@@ -462,7 +538,7 @@ def _refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
             (out / name).unlink(missing_ok=True)
 
 
-def _check_resume(resume: str, record: dict, say=print) -> None:
+def _check_resume(resume: str, record: dict, say=logger.warning) -> None:
     """Stop when the checkpoint's run had other data or hyperparameters: its optimiser
     state and schedule would go on under settings they were not made for."""
     from .provenance import differences
@@ -471,18 +547,27 @@ def _check_resume(resume: str, record: dict, say=print) -> None:
         raise BetaPRMInputError(f"--resume-from-checkpoint {resume}: no such checkpoint directory")
     path = Path(resume) / RUN_NAME
     if not path.is_file():
-        say(f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without checking data and hyperparameters")
+        say(
+            f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without checking data and hyperparameters"
+        )
         return
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(old, dict) or not isinstance(old.get("settings"), dict) or not isinstance(old.get("info", {}), dict):
+        if (
+            not isinstance(old, dict)
+            or not isinstance(old.get("settings"), dict)
+            or not isinstance(old.get("info", {}), dict)
+        ):
             raise TypeError("settings and info must be objects")
         diff = differences(old["settings"], record["settings"], old.get("info"), record["info"])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        raise BetaPRMInputError(f"{path}: not a betaprm run record; remove it to resume without checking the settings") from None
+        raise BetaPRMInputError(
+            f"{path}: not a betaprm run record; remove it to resume without checking the settings"
+        ) from None
     if diff:
         raise BetaPRMInputError(
-            f"--resume-from-checkpoint {resume}: the checkpoint's run had other settings (recorded in {path}):\n  " + "\n  ".join(diff)
+            f"--resume-from-checkpoint {resume}: the checkpoint's run had other settings (recorded in {path}):\n  "
+            + "\n  ".join(diff)
             + "\nresume with the checkpoint's settings, or start a new run in another --output-dir (or here with --overwrite-output-dir, "
             "which deletes these checkpoints)"
         )
@@ -510,7 +595,7 @@ def _last_checkpoint(output_dir: str) -> str:
     return last
 
 
-def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
+def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     """Run training; returns ``(prm, trainer, encode_stats)``. The final BetaPRM is
     written to ``cfg.output_dir``. ``quiet`` drops the Trainer's progress bar and printed
     logs (the log history is kept); ``callbacks``: extra ``transformers.TrainerCallback``s
@@ -524,14 +609,21 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    say = log if rank == 0 else (lambda *a, **k: None)
+    say = (log or logger.info) if rank == 0 else (lambda *a, **k: None)
     grad_accum = _grad_accum(cfg, world)
     set_seed(cfg.seed)
     _refuse_used_output_dir(cfg, rank)  # before this run writes anything there
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rejects = cfg.rejects or str(out_dir / "rejects.jsonl")
-    loaded = read_records(cfg.data, kind="counts", marker=cfg.marker, on_error=cfg.on_error, rejects=rejects if rank == 0 else None, flag="--data")
+    loaded = read_records(
+        cfg.data,
+        kind="counts",
+        marker=cfg.marker,
+        on_error=cfg.on_error,
+        rejects=rejects if rank == 0 else None,
+        flag="--data",
+    )
     say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
     if not loaded.records:
         raise BetaPRMInputError(f"{cfg.data}: no usable records")
@@ -542,19 +634,25 @@ def train(cfg: TrainConfig, log=print, quiet: bool = False, callbacks=None):
 
     prm = load_or_create(cfg)
     if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
-        raise BetaPRMInputError(f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); {cfg.model} is text-only")
+        raise BetaPRMInputError(
+            f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); {cfg.model} is text-only"
+        )
     if getattr(prm, "processor", None) is not None:
         from .vision import freeze_vision
 
         n_frozen = freeze_vision(prm.backbone, cfg.train_vision)
-        say(f"vision-language backbone: {'vision encoder trains too' if cfg.train_vision else f'vision encoder frozen ({n_frozen} tensors)'}")
+        say(
+            f"vision-language backbone: {'vision encoder trains too' if cfg.train_vision else f'vision encoder frozen ({n_frozen} tensors)'}"
+        )
     if cfg.objective != "beta-binomial":
         # The standard PRM has no reliability channel: keep kappa at its initial value
         # (and out of the graph, so DDP sees no unused trainable parameters).
         prm.kappa_head.requires_grad_(False)
     if cfg.lora_r > 0:
         if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" or os.environ.get("ACCELERATE_USE_FSDP") == "true":
-            raise BetaPRMInputError("--lora-r with DeepSpeed or FSDP is not supported yet (the adapters could not be merged into sharded weights); use one or the other")
+            raise BetaPRMInputError(
+                "--lora-r with DeepSpeed or FSDP is not supported yet (the adapters could not be merged into sharded weights); use one or the other"
+            )
         apply_lora(prm, cfg)
     if cfg.gradient_checkpointing:
         prm.backbone.gradient_checkpointing_enable()

@@ -25,7 +25,9 @@ class StepScores:
             self.sigma = np.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
         self.sigma = np.asarray(self.sigma, dtype=np.float64)
         if not (self.mu.shape == self.kappa.shape == self.sigma.shape) or self.mu.ndim != 1:
-            raise ValueError(f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}")
+            raise ValueError(
+                f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}"
+            )
 
     @classmethod
     def from_mu_kappa(cls, mu, kappa) -> StepScores:

@@ -70,7 +70,9 @@ def load_processor(path, tokenizer, processor_class: str | None = None, processo
     path = Path(path)
     pre = path / "preprocessor_config.json"
     if not pre.is_file():
-        raise BetaPRMInputError(f"{path}: a vision-language checkpoint needs preprocessor_config.json (its image processor settings)")
+        raise BetaPRMInputError(
+            f"{path}: a vision-language checkpoint needs preprocessor_config.json (its image processor settings)"
+        )
     raw = json.loads(pre.read_text())
     processor_class = processor_class or raw.get("processor_class")
     if not processor_class and (path / "processor_config.json").is_file():

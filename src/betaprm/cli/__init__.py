@@ -10,7 +10,18 @@ from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
 from . import aca, convert, demo, eval_bon, eval_steps, label, score, serve, train, validate
 
-COMMANDS = {"demo": demo, "train": train, "score": score, "validate": validate, "convert": convert, "label": label, "aca": aca, "eval-steps": eval_steps, "eval-bon": eval_bon, "serve": serve}
+COMMANDS = {
+    "demo": demo,
+    "train": train,
+    "score": score,
+    "validate": validate,
+    "convert": convert,
+    "label": label,
+    "aca": aca,
+    "eval-steps": eval_steps,
+    "eval-bon": eval_bon,
+    "serve": serve,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,30 +39,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for input errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks for input errors")
+        p = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks for input errors"
+        )
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
 
-class _StdoutHandler(logging.StreamHandler):
-    """Library progress (the ``betaprm`` loggers at INFO) printed as plain lines on the
-    current ``sys.stdout``, looked up at each record (tests swap it)."""
+class _ConsoleHandler(logging.Handler):
+    """The library's log lines (the ``betaprm`` loggers) as plain lines: progress (INFO) on
+    stdout, warnings on stderr; the streams are looked up at each record (tests swap them)."""
 
-    @property
-    def stream(self):
-        return sys.stdout
-
-    @stream.setter
-    def stream(self, _):
-        pass
+    def emit(self, record):
+        stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        stream.write(self.format(record) + "\n")
+        stream.flush()
 
 
 def _configure_logging() -> None:
     root = logging.getLogger("betaprm")
-    if not any(isinstance(h, _StdoutHandler) for h in root.handlers):
-        handler = _StdoutHandler()
+    if not any(isinstance(h, _ConsoleHandler) for h in root.handlers):
+        handler = _ConsoleHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)

@@ -25,13 +25,19 @@ def _flag(name: str) -> str:
 
 def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
     hints = get_type_hints(cls)
-    parser.add_argument("--config", metavar="FILE", help="YAML or JSON file of defaults for the flags below (flags win)")
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML or JSON file of defaults for the flags below (flags win)"
+    )
     for f in dataclasses.fields(cls):
         typ = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_text = f.metadata.get("help", "")
         # An unset (None) default is explained by the help text itself ("the world's near_miss").
-        help_text = (f"{help_text} (default: {default!r})" if default is not None else help_text) if help_text else f"default: {default!r}"
+        help_text = (
+            (f"{help_text} (default: {default!r})" if default is not None else help_text)
+            if help_text
+            else f"default: {default!r}"
+        )
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
         if typ is bool:
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
@@ -64,7 +70,9 @@ def load_config_file(path: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise BetaPRMInputError(f"--config {path}: expected a mapping of option names to values, got {type(data).__name__}")
+        raise BetaPRMInputError(
+            f"--config {path}: expected a mapping of option names to values, got {type(data).__name__}"
+        )
     bad_keys = [k for k in data if not isinstance(k, str)]
     if bad_keys:
         raise BetaPRMInputError(f"--config {path}: option names must be strings, got {bad_keys[0]!r}")
@@ -90,9 +98,15 @@ def _typed(cls, values: dict, path: str) -> dict:
         elif base is float and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out[k] = float(v)
         else:
-            bad.append(f"{k}: expected {'a finite number' if base is float else base.__name__}{' or null' if optional else ''}, got {str(v)[:40]!r} ({type(v).__name__})")
+            bad.append(
+                f"{k}: expected {'a finite number' if base is float else base.__name__}{' or null' if optional else ''}, got {str(v)[:40]!r} ({type(v).__name__})"
+            )
     if bad:
-        raise BetaPRMInputError(f"--config {path}: wrong value types:\n  " + "\n  ".join(bad) + "\nfix: write each option as it would be given on the command line")
+        raise BetaPRMInputError(
+            f"--config {path}: wrong value types:\n  "
+            + "\n  ".join(bad)
+            + "\nfix: write each option as it would be given on the command line"
+        )
     return out
 
 

@@ -21,11 +21,25 @@ def add_arguments(parser):
     parser.add_argument("--from", dest="fmt", required=True, choices=FORMATS, help="the input format")
     parser.add_argument("--input", required=True, help="the file to convert")
     parser.add_argument("--output", required=True, help="where to write betaprm records (JSONL)")
-    parser.add_argument("--on-error", choices=["fail", "skip"], default="fail", help="fail (default): stop on any bad record; skip: leave bad records out and write them to --rejects")
+    parser.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="fail (default): stop on any bad record; skip: leave bad records out and write them to --rejects",
+    )
     parser.add_argument("--rejects", help="rejects file for --on-error skip (default: OUTPUT with .rejects.jsonl)")
-    parser.add_argument("--source-name", help="source name used in generated ids and the source field (default: the input file's stem)")
-    parser.add_argument("--image-root", help="visualprm-raw: folder that image paths are relative to (prefixed to them)")
-    parser.add_argument("--prm800k-neutral", choices=["correct", "incorrect"], default="correct", help="prm800k: how a 0 (neutral) rating counts (default: correct)")
+    parser.add_argument(
+        "--source-name", help="source name used in generated ids and the source field (default: the input file's stem)"
+    )
+    parser.add_argument(
+        "--image-root", help="visualprm-raw: folder that image paths are relative to (prefixed to them)"
+    )
+    parser.add_argument(
+        "--prm800k-neutral",
+        choices=["correct", "incorrect"],
+        default="correct",
+        help="prm800k: how a 0 (neutral) rating counts (default: correct)",
+    )
     parser.add_argument("--soft-n", type=int, help="trl: N for fractional labels (K = p*N)")
 
 
@@ -36,7 +50,9 @@ def run(args):
     from ..errors import BetaPRMInputError
 
     if args.soft_n is not None and not 1 <= args.soft_n <= 2**24:
-        raise BetaPRMInputError(f"--soft-n must be in [1, 16777216] (counts are exact in float32 up to 2**24), got {args.soft_n}")
+        raise BetaPRMInputError(
+            f"--soft-n must be in [1, 16777216] (counts are exact in float32 up to 2**24), got {args.soft_n}"
+        )
     opts = ConvertOptions(
         source_name=args.source_name or Path(args.input).stem,
         image_root=args.image_root,

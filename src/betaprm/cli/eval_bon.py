@@ -31,12 +31,20 @@ class EvalBonConfig(ScoringOptions):
     val_fraction: float = _f(0.2, "fraction of each benchmark's problems used to tune S_lin and S_RB")
     seed: int = _f(0, "seed of the split and the bootstrap")
     device: str = _f("auto", "auto, cpu, cuda, ...")
-    judge_url: str | None = _f(None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify")
+    judge_url: str | None = _f(
+        None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify"
+    )
     judge_model: str = _f("", "the judge's served model name")
-    api_key_env: str | None = _f(None, "with --judge-url: the NAME of an environment variable holding the judge's API key, sent as "
-                                       "'Authorization: Bearer' (e.g. --api-key-env OPENAI_API_KEY); without it no key is sent")
+    api_key_env: str | None = _f(
+        None,
+        "with --judge-url: the NAME of an environment variable holding the judge's API key, sent as "
+        "'Authorization: Bearer' (e.g. --api-key-env OPENAI_API_KEY); without it no key is sent",
+    )
     check_timeout: float = _f(10.0, "math-verify: seconds per check before it counts as failed")
-    on_error: str = _f("fail", "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to POOLS.rejects.jsonl and count it in the results)")
+    on_error: str = _f(
+        "fail",
+        "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to POOLS.rejects.jsonl and count it in the results)",
+    )
 
     def __post_init__(self):
         from ..errors import BetaPRMInputError
@@ -70,14 +78,28 @@ def add_arguments(parser):
 # Options that do not change the results (paths, batching, device, where the judge is
 # served): left out of the settings recorded in --out. The model and the pool files
 # enter as fingerprints of their contents.
-NOT_RESULTS = {"pools", "model", "out", "plots", "device", "batch_size", "max_batch_tokens", "judge_url", "api_key_env"}
+NOT_RESULTS = {
+    "pools",
+    "model",
+    "out",
+    "plots",
+    "device",
+    "batch_size",
+    "max_batch_tokens",
+    "judge_url",
+    "api_key_env",
+}
 
 
 def result_settings(cfg) -> dict:
     from ..provenance import fingerprint, model_fingerprint, settings_of
 
     pools = {p.strip(): fingerprint(p.strip()) for p in cfg.pools.split(",") if p.strip()}
-    return {"model": model_fingerprint(cfg.model) if cfg.model else None, "pools": pools, **settings_of(cfg, NOT_RESULTS)}
+    return {
+        "model": model_fingerprint(cfg.model) if cfg.model else None,
+        "pools": pools,
+        **settings_of(cfg, NOT_RESULTS),
+    }
 
 
 def run(args):
@@ -91,24 +113,41 @@ def run(args):
 
     cfg = config_from_args(EvalBonConfig, args)
     # A key goes to the judge only when --api-key-env names where it is.
-    checker = (LLMJudge(cfg.judge_url, cfg.judge_model, api_key=read_api_key(cfg.api_key_env)) if cfg.judge_url
-               else AnswerChecker(timeout=cfg.check_timeout))
+    checker = (
+        LLMJudge(cfg.judge_url, cfg.judge_model, api_key=read_api_key(cfg.api_key_env))
+        if cfg.judge_url
+        else AnswerChecker(timeout=cfg.check_timeout)
+    )
     prm = None
     results, curves = {}, {}
     for path in [p.strip() for p in cfg.pools.split(",") if p.strip()]:
         name = Path(path).stem
-        loaded = read_records(path, kind="pool", flag="--pools", on_error=cfg.on_error, rejects=str(Path(path).with_suffix("")) + ".rejects.jsonl")
+        loaded = read_records(
+            path,
+            kind="pool",
+            flag="--pools",
+            on_error=cfg.on_error,
+            rejects=str(Path(path).with_suffix("")) + ".rejects.jsonl",
+        )
         records = loaded.records
         if loaded.n_rejected:
-            print(f"{path}: {loaded.n_rejected} bad pool records left out (see {Path(path).with_suffix('')}.rejects.jsonl)")
+            print(
+                f"{path}: {loaded.n_rejected} bad pool records left out (see {Path(path).with_suffix('')}.rejects.jsonl)"
+            )
         if not records:
-            raise BetaPRMInputError(f"--pools {path}: holds no usable pool records; fix: give a JSONL file with one pool (id, question, answer, candidates) per line")
+            raise BetaPRMInputError(
+                f"--pools {path}: holds no usable pool records; fix: give a JSONL file with one pool (id, question, answer, candidates) per line"
+            )
         for r in records:
             if r.get("answer") is None:
-                raise BetaPRMInputError(f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer")
+                raise BetaPRMInputError(
+                    f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer"
+                )
         if not all("mu" in c for r in records for c in r["candidates"]):
             if not cfg.model:
-                raise BetaPRMInputError(f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)")
+                raise BetaPRMInputError(
+                    f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)"
+                )
             prm = prm or _load(cfg)
             _score_in_place(prm, records, cfg, path)
         before = checker.failed
@@ -118,26 +157,42 @@ def run(args):
         res["pool_records_rejected"] = loaded.n_rejected
         res["candidates_truncated"] = sum("steps_scored" in c for r in records for c in r["candidates"])
         if res["candidates_truncated"]:
-            print(f"{path}: {res['candidates_truncated']} candidates were scored on the steps that fit the model's positions only "
-                  "(steps_scored); selectors see those steps, so min, last and prod may favour them")
+            print(
+                f"{path}: {res['candidates_truncated']} candidates were scored on the steps that fit the model's positions only "
+                "(steps_scored); selectors see those steps, so min, last and prod may favour them"
+            )
         results[name] = res
         if cfg.plots:
             curves[name] = _curve(pools, res, cfg)
     checker.close()  # stops math-verify's worker processes (on an error above, the exit does)
     names = list(results)
     sel = [s for s in SELECTORS if all(s in results[n]["selectors"] for n in names)]
-    gains = {s: sum(results[n]["selectors"][s]["acc"] - results[n]["selectors"]["single_pass"]["acc"] for n in names) / len(names) for s in sel}
+    gains = {
+        s: sum(results[n]["selectors"][s]["acc"] - results[n]["selectors"]["single_pass"]["acc"] for n in names)
+        / len(names)
+        for s in sel
+    }
     header = "| selector | " + " | ".join(names) + " | avg gain vs single pass |"
     print(header)
     print("|" + "---|" * (len(names) + 2))
     for s in sel:
-        cells = [f"{100 * results[n]['selectors'][s]['acc']:.2f} [{100 * results[n]['selectors'][s]['ci'][0]:.1f}, {100 * results[n]['selectors'][s]['ci'][1]:.1f}]" for n in names]
+        cells = [
+            f"{100 * results[n]['selectors'][s]['acc']:.2f} [{100 * results[n]['selectors'][s]['ci'][0]:.1f}, {100 * results[n]['selectors'][s]['ci'][1]:.1f}]"
+            for n in names
+        ]
         print(f"| {SELECTORS[s]} | " + " | ".join(cells) + f" | {100 * gains[s]:+.2f} |")
     for n in names:
         r = results[n]
         failed = {s: v["check_failed"] for s, v in r["selectors"].items() if v["check_failed"]}
-        print(f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks failed" + (f" (picks left out: {failed})" if failed else ""))
-    out = {"benchmarks": results, "avg_gain_vs_single_pass": gains, "judge": cfg.judge_model if cfg.judge_url else "math-verify"}
+        print(
+            f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks failed"
+            + (f" (picks left out: {failed})" if failed else "")
+        )
+    out = {
+        "benchmarks": results,
+        "avg_gain_vs_single_pass": gains,
+        "judge": cfg.judge_model if cfg.judge_url else "math-verify",
+    }
     if cfg.out:
         write_result(cfg.out, out, result_settings(cfg), {"model": cfg.model})
     if cfg.plots:
@@ -169,7 +224,15 @@ def _score_in_place(prm, records, cfg, path):
         traces = [(r["question"], c["steps"]) for r in records for c in r["candidates"]]
     names = [f"{path}: record {r['id']!r} candidate {j}" for r in records for j in range(len(r["candidates"]))]
     with tqdm(total=len(traces), desc=f"scoring {Path(path).name}", unit="trace") as bar:
-        flat = score_traces(prm, traces, batch_size=cfg.batch_size, progress=bar.update, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate, names=names)
+        flat = score_traces(
+            prm,
+            traces,
+            batch_size=cfg.batch_size,
+            progress=bar.update,
+            max_batch_tokens=cfg.max_batch_tokens,
+            truncate=cfg.truncate,
+            names=names,
+        )
     it = iter(flat)
     for r in records:
         r["candidates"] = [with_scores(c, next(it)) for c in r["candidates"]]
@@ -182,7 +245,9 @@ def _curve(pools, res, cfg):
     n_max = min(len(p.answers) for p in pools)
     out = {}
     for n in range(1, n_max + 1):
-        cut = [BonPool(p.id, p.question, p.answers[:n], p.correct[:n], p.scores[:n] if p.scores else None) for p in pools]
+        cut = [
+            BonPool(p.id, p.question, p.answers[:n], p.correct[:n], p.scores[:n] if p.scores else None) for p in pools
+        ]
         r = evaluate_pools(cut, cfg.val_fraction, cfg.seed)["selectors"]
         for s in ("majority_vote", "mean", "rb", "weighted_vote", "oracle"):
             if s in r:

@@ -24,7 +24,10 @@ class EvalStepsConfig(ScoringOptions):
     model: str = _f("", "a BetaPRM directory, or a plain causal-LM directory (scored zero-shot)")
     data: str = _f("", "VisualProcessBench-format JSONL")
     out: str | None = _f(None, "write overall_f1, per_source, threshold and step counts here (JSON)")
-    plots: str | None = _f(None, "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this folder")
+    plots: str | None = _f(
+        None,
+        "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this folder",
+    )
     score: str = _f("auto", "step score: auto (mu - lam*sigma for a beta-binomial model, else mu), mu, or mu-sigma")
     lam: float = _f(0.5, "lambda of mu - lambda*sigma")
     val_fraction: float = _f(0.2, "fraction of problems used to choose the threshold")
@@ -65,11 +68,10 @@ def result_settings(cfg) -> dict:
 
 def run(args):
     import torch
+    from tqdm.auto import tqdm
 
     from ..errors import BetaPRMInputError
     from ..evaluation.steps import evaluate_steps, read_visualprocessbench
-    from tqdm.auto import tqdm
-
     from ..model import load_prm
     from ..scoring import score_traces
     from ._config import config_from_args
@@ -80,18 +82,32 @@ def run(args):
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
     with_images = sum(bool(it.images) for it in items)
     if with_images and not prm.is_vision and not cfg.ignore_images:
-        raise BetaPRMInputError(f"{cfg.data}: {with_images} records have images but {cfg.model} is a text-only model; "
-                                "use a vision-language BetaPRM, or --ignore-images to score the text alone")
+        raise BetaPRMInputError(
+            f"{cfg.data}: {with_images} records have images but {cfg.model} is a text-only model; "
+            "use a vision-language BetaPRM, or --ignore-images to score the text alone"
+        )
     mode = cfg.score if cfg.score != "auto" else ("mu-sigma" if kind == "beta" else "mu")
     traces = [(it.question, it.steps, it.images) if prm.is_vision else (it.question, it.steps) for it in items]
     names = [f"{cfg.data}: item {it.id!r}" for it in items]
     with tqdm(total=len(traces), desc="scoring", unit="trace") as bar:
-        scores = score_traces(prm, traces, batch_size=cfg.batch_size, progress=bar.update, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate, names=names)
+        scores = score_traces(
+            prm,
+            traces,
+            batch_size=cfg.batch_size,
+            progress=bar.update,
+            max_batch_tokens=cfg.max_batch_tokens,
+            truncate=cfg.truncate,
+            names=names,
+        )
     step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
     res = evaluate_steps(items, step_scores, cfg.val_fraction, cfg.seed)
-    res.update(model=cfg.model, model_kind=kind, score=mode if mode == "mu" else f"mu - {cfg.lam}*sigma", data=cfg.data)
+    res.update(
+        model=cfg.model, model_kind=kind, score=mode if mode == "mu" else f"mu - {cfg.lam}*sigma", data=cfg.data
+    )
     width = max([len("overall (micro-F1)")] + [len(k) for k in res["per_source"]])
-    print(f"{cfg.model} ({kind}; step score {res['score']}); threshold {res['threshold']:.4f} chosen on {res['n_val_items']} validation items")
+    print(
+        f"{cfg.model} ({kind}; step score {res['score']}); threshold {res['threshold']:.4f} chosen on {res['n_val_items']} validation items"
+    )
     print(f"| {'subset':<{width}} | F1    |")
     print(f"|{'-' * (width + 2)}|-------|")
     print(f"| {'overall (micro-F1)':<{width}} | {100 * res['overall_f1']:5.2f} |")
@@ -99,7 +115,9 @@ def run(args):
         print(f"| {k:<{width}} | {100 * v:5.2f} |")
     print(f"{res['n_steps']} annotated test steps (neutral ignored)")
     if res["n_unscored_steps"]:
-        print(f"{res['n_unscored_steps']} annotated steps lay beyond the model's positions and were left out (--truncate steps)")
+        print(
+            f"{res['n_unscored_steps']} annotated steps lay beyond the model's positions and were left out (--truncate steps)"
+        )
     if cfg.out:
         from ..provenance import write_result
 
@@ -125,5 +143,9 @@ def _plots(cfg, items, scores, step_scores, res):
     plots.reliability_diagram({"mu": (mu, y)}, out / "reliability.png")
     sc = np.concatenate([np.asarray(s)[lab != 0] for s, lab in zip(step_scores, labels)])
     ts = np.quantile(sc, np.linspace(0, 1, 41))
-    plots.best_of_n_curves({"micro-F1 (all steps)": (list(ts), [f1_scores(sc >= t, y.astype(bool))[0] for t in ts])}, out / "f1_threshold.png",
-                           points={"chosen threshold": (res["threshold"], res["overall_f1"])}, xlabel="threshold on the step score")
+    plots.best_of_n_curves(
+        {"micro-F1 (all steps)": (list(ts), [f1_scores(sc >= t, y.astype(bool))[0] for t in ts])},
+        out / "f1_threshold.png",
+        points={"chosen threshold": (res["threshold"], res["overall_f1"])},
+        xlabel="threshold on the step score",
+    )

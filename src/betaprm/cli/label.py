@@ -50,7 +50,9 @@ class LabelConfig(BackendOptions):
         if self.n < 1:
             bad.append(f"--n must be >= 1, got {self.n}")
         if self.backend == "synth" and self.input:
-            bad.append("--backend synth labels chain-arithmetic traces it samples itself; give --backend transformers/openai/vllm for --input")
+            bad.append(
+                "--backend synth labels chain-arithmetic traces it samples itself; give --backend transformers/openai/vllm for --input"
+            )
         if self.backend != "synth" and not self.input:
             bad.append(f"--backend {self.backend} needs --input (the traces to label)")
         if bad:
@@ -66,16 +68,33 @@ def add_arguments(parser):
 # Options that do not change a record (paths, how many problems, how a server is reached,
 # how requests are grouped): left out of the settings a resumed --out must match. The
 # policy and the world's settings file enter as fingerprints of their contents.
-NOT_RESULTS = {"input", "out", "failed", "chunk", "n_problems", "policy", "world_config",
-               "base_url", "api_key_env", "concurrency", "request_timeout", "max_retries", "gen_batch_size", "gen_max_batch_tokens"}
+NOT_RESULTS = {
+    "input",
+    "out",
+    "failed",
+    "chunk",
+    "n_problems",
+    "policy",
+    "world_config",
+    "base_url",
+    "api_key_env",
+    "concurrency",
+    "request_timeout",
+    "max_retries",
+    "gen_batch_size",
+    "gen_max_batch_tokens",
+}
 
 
 def result_settings(cfg) -> dict:
     """What makes --out's records: compared with OUT.meta.json when a run resumes."""
     from ..provenance import fingerprint, settings_of
 
-    return {"policy": fingerprint(cfg.policy) if cfg.policy else "", "world_config": fingerprint(cfg.world_config) if cfg.world_config else None,
-            **settings_of(cfg, NOT_RESULTS)}
+    return {
+        "policy": fingerprint(cfg.policy) if cfg.policy else "",
+        "world_config": fingerprint(cfg.world_config) if cfg.world_config else None,
+        **settings_of(cfg, NOT_RESULTS),
+    }
 
 
 def run(args):
@@ -84,7 +103,9 @@ def run(args):
 
     cfg = config_from_args(LabelConfig, args)
     # Checked (and locked) before the policy loads: a wrong resume stops at once.
-    with open_output(cfg.out, result_settings(cfg), {"policy": cfg.policy, "input": cfg.input, "world_config": cfg.world_config}):
+    with open_output(
+        cfg.out, result_settings(cfg), {"policy": cfg.policy, "input": cfg.input, "world_config": cfg.world_config}
+    ):
         return _run(cfg)
 
 
@@ -100,8 +121,11 @@ def _run(cfg):
 
         world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig())
         sampler = SynthPolicy(world, seed=cfg.seed + 1)
-        items = [LabelItem(f"{p.id}/{j}", p.question, t.steps, p.answer, p)
-                 for p in world.sample_problems(cfg.n_problems, cfg.seed, "label") for j, t in enumerate(sampler.sample_traces(p, cfg.traces_per_problem))]
+        items = [
+            LabelItem(f"{p.id}/{j}", p.question, t.steps, p.answer, p)
+            for p in world.sample_problems(cfg.n_problems, cfg.seed, "label")
+            for j, t in enumerate(sampler.sample_traces(p, cfg.traces_per_problem))
+        ]
         generator = build_generator(cfg, world, seed=cfg.seed)
         answer_of = synth_answer
 
@@ -117,6 +141,7 @@ def _run(cfg):
 
         def check_many(pairs):
             return checker.check_many([(it.answer, a) for it, a in pairs])
+
     s = label_traces(items, generator, cfg.n, answer_of, check_many, cfg.out, failed, seed=cfg.seed, chunk=cfg.chunk)
     if cfg.backend != "synth":
         checker.close()  # stops math-verify's worker processes (on an error above, the exit does)

@@ -23,7 +23,18 @@ steps); a rerun with --truncate steps continues the same output."""
 # --truncate is not one either: a record scored whole is the same under both modes, and a
 # cut one says so itself (steps_scored), so a rerun with --truncate steps after --truncate
 # error stopped on a long candidate continues the same output.
-NOT_RESULTS = {"model", "input", "output", "device", "on_error", "rejects", "trust_remote_code", "batch_size", "max_batch_tokens", "truncate"}
+NOT_RESULTS = {
+    "model",
+    "input",
+    "output",
+    "device",
+    "on_error",
+    "rejects",
+    "trust_remote_code",
+    "batch_size",
+    "max_batch_tokens",
+    "truncate",
+}
 
 
 @dataclass
@@ -72,8 +83,16 @@ def run(args):
     # Checked (and locked) before the model loads: a wrong resume stops at once.
     with open_output(cfg.output, settings, {"model": cfg.model, "input": cfg.input}, flag="--output"):
         prm = BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code, device=device)
-        s = score_pool_file(prm, cfg.input, cfg.output, batch_size=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens, truncate=cfg.truncate,
-                            on_error=cfg.on_error, rejects=rejects)
+        s = score_pool_file(
+            prm,
+            cfg.input,
+            cfg.output,
+            batch_size=cfg.batch_size,
+            max_batch_tokens=cfg.max_batch_tokens,
+            truncate=cfg.truncate,
+            on_error=cfg.on_error,
+            rejects=rejects,
+        )
     msg = f"{cfg.input}: {s['records']} pools, {s['already_done']} already in {cfg.output}, {s['scored']} scored ({s['candidates']} candidates)"
     if s["rejected"]:
         msg += f", {s['rejected']} rejected (see {rejects})"

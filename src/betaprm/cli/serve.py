@@ -28,17 +28,23 @@ Requests arriving together are scored together (up to --max-batch-tokens, waitin
 @dataclass
 class ServeConfig:
     model: str = _f("", "a BetaPRM directory (betaprm train output), or a plain causal LM scored zero-shot")
-    host: str = _f("127.0.0.1", "address to listen on (0.0.0.0 exposes the server to the network: set --api-key-env then)")
+    host: str = _f(
+        "127.0.0.1", "address to listen on (0.0.0.0 exposes the server to the network: set --api-key-env then)"
+    )
     port: int = _f(8000, "port to listen on")
     device: str = _f("auto", "auto (cuda when present), cpu, cuda, ...")
     max_batch_tokens: int = _f(16384, "tokens per scoring batch (requests arriving together are scored together)")
     max_wait_ms: float = _f(5.0, "how long the first queued trace waits for others to join its batch")
     max_items: int = _f(256, "traces per request at most (413 above)")
     lam: float = _f(0.5, "lambda of S_lin and S_RB (a request may give its own 'lam')")
-    tau: float | None = _f(None, "S_RB's sigma threshold (a request may give its own 'tau'); without it S_RB is not computed")
+    tau: float | None = _f(
+        None, "S_RB's sigma threshold (a request may give its own 'tau'); without it S_RB is not computed"
+    )
     aggregate: str = _f("mean", "/get_reward's reward: mean, min, last, prod, lin or rb (rb needs --tau)")
     step_separator: str = _f("\n\n", "/get_reward: the text between two steps of a response")
-    api_key_env: str | None = _f(None, "the NAME of an environment variable holding a key that clients must send as 'Authorization: Bearer KEY'")
+    api_key_env: str | None = _f(
+        None, "the NAME of an environment variable holding a key that clients must send as 'Authorization: Bearer KEY'"
+    )
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
@@ -82,16 +88,27 @@ def run(args):
 
         from ..serve import ServeSettings, create_app
     except ImportError as e:
-        raise BetaPRMInputError(f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'") from None
+        raise BetaPRMInputError(
+            f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'"
+        ) from None
     from ..generation.factory import read_api_key
-    from ._config import config_from_args
     from ..model import load_prm
+    from ._config import config_from_args
 
     cfg = config_from_args(ServeConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     prm, _ = load_prm(cfg.model, device, cfg.trust_remote_code)
-    settings = ServeSettings(max_batch_tokens=cfg.max_batch_tokens, max_wait_ms=cfg.max_wait_ms, max_items=cfg.max_items, lam=cfg.lam, tau=cfg.tau,
-                             aggregate=cfg.aggregate, step_separator=cfg.step_separator, api_key=read_api_key(cfg.api_key_env), model_name=cfg.model)
+    settings = ServeSettings(
+        max_batch_tokens=cfg.max_batch_tokens,
+        max_wait_ms=cfg.max_wait_ms,
+        max_items=cfg.max_items,
+        lam=cfg.lam,
+        tau=cfg.tau,
+        aggregate=cfg.aggregate,
+        step_separator=cfg.step_separator,
+        api_key=read_api_key(cfg.api_key_env),
+        model_name=cfg.model,
+    )
     app = create_app(prm, settings)
     # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops.
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=60)

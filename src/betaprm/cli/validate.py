@@ -11,8 +11,15 @@ and candidates. Every problem is listed with file, line, field and the fix. Exit
 
 def add_arguments(parser):
     parser.add_argument("file", help="the JSONL file to check")
-    parser.add_argument("--kind", choices=["counts", "pool"], default="counts", help="counts: training records; pool: candidate pools (default: counts)")
-    parser.add_argument("--marker", default="<prm>", help="the step marker that may not appear in the text (default: <prm>)")
+    parser.add_argument(
+        "--kind",
+        choices=["counts", "pool"],
+        default="counts",
+        help="counts: training records; pool: candidate pools (default: counts)",
+    )
+    parser.add_argument(
+        "--marker", default="<prm>", help="the step marker that may not appear in the text (default: <prm>)"
+    )
 
 
 def run(args):

@@ -72,10 +72,16 @@ def from_visualprm_raw(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
     for i, s in enumerate(sws):
         where = f"steps_with_score[{i}]"
         if not isinstance(s, dict):
-            raise ConversionError(where, "is not an object", "each step is {step, score, num_mc_correct, num_mc_total}")
+            raise ConversionError(
+                where, "is not an object", "each step is {step, score, num_mc_correct, num_mc_total}"
+            )
         for key in ("step", "num_mc_correct", "num_mc_total"):
             if key not in s:
-                raise ConversionError(f"{where}.{key}", "is missing", "the raw release keeps the counts per step; use visualprm-raw only on the -Raw files")
+                raise ConversionError(
+                    f"{where}.{key}",
+                    "is missing",
+                    "the raw release keeps the counts per step; use visualprm-raw only on the -Raw files",
+                )
         steps.append(s["step"])
         k.append(s["num_mc_correct"])
         n.append(s["num_mc_total"])
@@ -84,7 +90,11 @@ def from_visualprm_raw(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
     if image not in (None, "", []):
         images = [image] if isinstance(image, str) else image
         if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
-            raise ConversionError("image", f"must be an image path or a list of paths, got {json.dumps(image, default=str)[:60]}", "give the image path(s) relative to --image-root as strings")
+            raise ConversionError(
+                "image",
+                f"must be an image path or a list of paths, got {json.dumps(image, default=str)[:60]}",
+                "give the image path(s) relative to --image-root as strings",
+            )
         if opts.image_root:
             images = [p if Path(p).is_absolute() else str(Path(opts.image_root) / p) for p in images]
         rec["images"] = images
@@ -103,26 +113,48 @@ def from_math_shepherd(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
     if n_tags == 0:
         raise ConversionError("input", f"has no {SHEPHERD_TAG!r} step tag", "each step must end with the tag")
     if len(label) != len(text) - n_tags:
-        raise ConversionError("label", f"has length {len(label)}, expected {len(text) - n_tags} (input with each 2-character tag as 1 label character)", "label must be input with every tag replaced by + or -")
+        raise ConversionError(
+            "label",
+            f"has length {len(label)}, expected {len(text) - n_tags} (input with each 2-character tag as 1 label character)",
+            "label must be input with every tag replaced by + or -",
+        )
     labels, pos = [], 0
     for i, piece in enumerate(pieces[:-1]):
         pos += len(piece)
         ch = label[pos]
         if ch not in "+-":
-            raise ConversionError("label", f"has {ch!r} where tag {i + 1} is, not + or -", "label must be input with every tag replaced by + or -")
+            raise ConversionError(
+                "label",
+                f"has {ch!r} where tag {i + 1} is, not + or -",
+                "label must be input with every tag replaced by + or -",
+            )
         labels.append(1 if ch == "+" else 0)
         pos += 1
     if pieces[-1].strip():
-        raise ConversionError("input", f"has text after the last tag: {pieces[-1].strip()[:40]!r}", "every step, the last included, must end with the tag")
+        raise ConversionError(
+            "input",
+            f"has text after the last tag: {pieces[-1].strip()[:40]!r}",
+            "every step, the last included, must end with the tag",
+        )
     head = pieces[0]
     cut = max(head.find("Step 1:"), head.find("step 1:"))
     if cut < 0:
         # Some Math-Shepherd rows put a tag inside the question; guessing a split would
         # misalign every label after it, so such rows are rejected instead.
-        raise ConversionError("input", "cannot find where the question ends ('Step 1:' is missing before the first tag)", "fix the row or leave it out (--on-error skip)")
+        raise ConversionError(
+            "input",
+            "cannot find where the question ends ('Step 1:' is missing before the first tag)",
+            "fix the row or leave it out (--on-error skip)",
+        )
     question = head[:cut].strip()
     steps = [head[cut:].strip()] + [p.strip() for p in pieces[1:-1]]
-    rec = {"id": str(obj.get("id", f"{opts.source_name}-{line}")), "question": question, "steps": steps, "mc_correct": labels, "mc_total": 1}
+    rec = {
+        "id": str(obj.get("id", f"{opts.source_name}-{line}")),
+        "question": question,
+        "steps": steps,
+        "mc_correct": labels,
+        "mc_total": 1,
+    }
     rec["source"] = str(obj.get("task", opts.source_name))
     return [rec]
 
@@ -141,14 +173,24 @@ def from_prm800k(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
         comps = st.get("completions")
         comps = [] if comps is None else comps
         if not isinstance(comps, list) or not all(isinstance(c, dict) for c in comps):
-            raise ConversionError(f"{where}.completions", "must be a list of {text, rating} objects", "see the PRM800K README for the layout")
+            raise ConversionError(
+                f"{where}.completions",
+                "must be a list of {text, rating} objects",
+                "see the PRM800K README for the layout",
+            )
         chosen = st.get("chosen_completion")
         human = st.get("human_completion")
         if human is not None and not isinstance(human, dict):
-            raise ConversionError(f"{where}.human_completion", "must be an object with a text", "see the PRM800K README for the layout")
+            raise ConversionError(
+                f"{where}.human_completion", "must be an object with a text", "see the PRM800K README for the layout"
+            )
         if chosen is not None:
             if not (isinstance(chosen, int) and not isinstance(chosen, bool) and 0 <= chosen < len(comps)):
-                raise ConversionError(f"{where}.chosen_completion", f"= {chosen} but there are {len(comps)} completions", "the index must point into completions")
+                raise ConversionError(
+                    f"{where}.chosen_completion",
+                    f"= {chosen} but there are {len(comps)} completions",
+                    "the index must point into completions",
+                )
             step, rating = comps[chosen].get("text"), comps[chosen].get("rating")
         elif human is not None:
             # A labeller-written replacement step: correct by construction.
@@ -160,14 +202,23 @@ def from_prm800k(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
             if len(rated) != 1:
                 break
             step, rating = rated[0].get("text"), rated[0].get("rating")
-        if not isinstance(step, str) or isinstance(rating, bool) or not isinstance(rating, int) or rating not in (-1, 0, 1):
-            raise ConversionError(where, f"has text {step!r:.40} and rating {rating!r}", "ratings must be -1, 0 or 1 with a text")
+        if (
+            not isinstance(step, str)
+            or isinstance(rating, bool)
+            or not isinstance(rating, int)
+            or rating not in (-1, 0, 1)
+        ):
+            raise ConversionError(
+                where, f"has text {step!r:.40} and rating {rating!r}", "ratings must be -1, 0 or 1 with a text"
+            )
         steps.append(step)
         k.append(1 if rating in good else 0)
         if rating == -1:
             break  # nothing after a wrong step is on the labelled path
     if not steps:
-        raise ConversionError("label.steps", "holds no rated step on the labeller's path", "leave the line out (--on-error skip)")
+        raise ConversionError(
+            "label.steps", "holds no rated step on the labeller's path", "leave the line out (--on-error skip)"
+        )
     rec = {"id": f"{opts.source_name}-{line}", "question": problem, "steps": steps, "mc_correct": k, "mc_total": 1}
     if q.get("ground_truth_answer") is not None:
         rec["answer"] = str(q["ground_truth_answer"])
@@ -180,23 +231,42 @@ def from_trl(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
     comps = _need(obj, "completions", list, "TRL stepwise records list the steps in completions")
     labels = _need(obj, "labels", list, "TRL stepwise records have one label per completion")
     if len(labels) != len(comps):
-        raise ConversionError("labels", f"has {len(labels)} labels for {len(comps)} completions", "give exactly one label per step")
+        raise ConversionError(
+            "labels", f"has {len(labels)} labels for {len(comps)} completions", "give exactly one label per step"
+        )
     hard = all(isinstance(x, bool) or x in (0, 1) for x in labels)
-    rec: dict[str, Any] = {"id": str(obj.get("id", f"{opts.source_name}-{line}")), "question": prompt, "steps": list(comps)}
+    rec: dict[str, Any] = {
+        "id": str(obj.get("id", f"{opts.source_name}-{line}")),
+        "question": prompt,
+        "steps": list(comps),
+    }
     if hard:
         rec.update(mc_correct=[int(bool(x)) for x in labels], mc_total=1)
     else:
         for i, x in enumerate(labels):
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
-                raise ConversionError(f"labels[{i}]", f"= {x!r} is not a boolean or a probability in [0, 1]", "labels must be booleans or floats in [0, 1]")
+                raise ConversionError(
+                    f"labels[{i}]",
+                    f"= {x!r} is not a boolean or a probability in [0, 1]",
+                    "labels must be booleans or floats in [0, 1]",
+                )
         if opts.soft_n is None:
-            raise ConversionError("labels", "holds fractional labels", "pass --soft-n N: how many continuations a label stands for (K = p * N); labels are never rounded")
+            raise ConversionError(
+                "labels",
+                "holds fractional labels",
+                "pass --soft-n N: how many continuations a label stands for (K = p * N); labels are never rounded",
+            )
         rec.update(mc_correct=[float(x) * opts.soft_n for x in labels], mc_total=opts.soft_n, soft=True)
     rec["source"] = opts.source_name
     return [rec]
 
 
-CONVERTERS = {"visualprm-raw": from_visualprm_raw, "math-shepherd": from_math_shepherd, "prm800k": from_prm800k, "trl": from_trl}
+CONVERTERS = {
+    "visualprm-raw": from_visualprm_raw,
+    "math-shepherd": from_math_shepherd,
+    "prm800k": from_prm800k,
+    "trl": from_trl,
+}
 
 
 def _read_rows(path: Path, flag: str) -> Iterator[tuple[int, Any, Problem | None, str | None]]:
@@ -207,25 +277,39 @@ def _read_rows(path: Path, flag: str) -> Iterator[tuple[int, Any, Problem | None
             import pyarrow
             import pyarrow.parquet as pq
         except ImportError:
-            raise BetaPRMInputError(f"{path}: reading parquet needs pyarrow (`pip install pyarrow`), or convert it to JSONL first") from None
+            raise BetaPRMInputError(
+                f"{path}: reading parquet needs pyarrow (`pip install pyarrow`), or convert it to JSONL first"
+            ) from None
         open_input(path, flag).close()
         try:
             rows = pq.read_table(path).to_pylist()
         except (pyarrow.ArrowException, OSError, ValueError) as e:
-            raise BetaPRMInputError(f"{flag} {path}: not a readable parquet file ({e}); fix: re-export it, or convert it to JSONL") from None
+            raise BetaPRMInputError(
+                f"{flag} {path}: not a readable parquet file ({e}); fix: re-export it, or convert it to JSONL"
+            ) from None
         for i, row in enumerate(rows, 1):
             yield i, row, None, None
     elif path.suffix == ".json":
         data = load_json_file(path, flag, "a JSON list of records")
         if not isinstance(data, list):
-            raise BetaPRMInputError(f"{path}: a .json input must hold a list of records; use JSONL for one record per line")
+            raise BetaPRMInputError(
+                f"{path}: a .json input must hold a list of records; use JSONL for one record per line"
+            )
         for i, row in enumerate(data, 1):
             yield i, row, None, None
     else:
         yield from iter_jsonl(path, flag)
 
 
-def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None = None, on_error: str = "fail", rejects=None, marker: str = "<prm>") -> dict:
+def convert_file(
+    fmt: str,
+    input_path,
+    output_path,
+    opts: ConvertOptions | None = None,
+    on_error: str = "fail",
+    rejects=None,
+    marker: str = "<prm>",
+) -> dict:
     """Convert a whole file; returns counts. Output records are validated like any input."""
     if fmt not in CONVERTERS:
         raise BetaPRMInputError(f"--from must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -241,7 +325,14 @@ def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None 
         n_in += 1
         problems = [parse_problem] if parse_problem else []
         if not problems and not isinstance(obj, dict):
-            problems = [Problem(line, "(record)", f"must be a JSON object, got {type(obj).__name__}", "write one JSON object per line")]
+            problems = [
+                Problem(
+                    line,
+                    "(record)",
+                    f"must be a JSON object, got {type(obj).__name__}",
+                    "write one JSON object per line",
+                )
+            ]
         if not problems:
             try:
                 recs = convert(obj, line, opts)
@@ -249,7 +340,9 @@ def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None 
                 problems = [Problem(line, e.field, e.message, e.fix)]
             else:
                 for rec in recs:
-                    _, ps = validate_object(rec, line, "counts", marker, base_dir=None, seen_ids=seen, check_images=False)
+                    _, ps = validate_object(
+                        rec, line, "counts", marker, base_dir=None, seen_ids=seen, check_images=False
+                    )
                     problems.extend(ps)
                     if not ps:
                         out.append(rec)
@@ -257,7 +350,9 @@ def convert_file(fmt: str, input_path, output_path, opts: ConvertOptions | None 
             bad.append((line, problems, obj, raw))
     if bad and on_error == "fail":
         shown = "\n  ".join(p.render(str(src)) for _, ps, _, _ in bad[:30] for p in ps)
-        raise BetaPRMInputError(f"{src}: {len(bad)} of {n_in} records cannot be converted:\n  {shown}\nFix them, or pass --on-error skip to leave them out (written to a rejects file).")
+        raise BetaPRMInputError(
+            f"{src}: {len(bad)} of {n_in} records cannot be converted:\n  {shown}\nFix them, or pass --on-error skip to leave them out (written to a rejects file)."
+        )
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
     with open(output_path, "w", encoding="utf-8") as f:
         for rec in out:

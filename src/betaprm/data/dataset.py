@@ -45,7 +45,9 @@ class CountsDataset(torch.utils.data.Dataset):
         return self.examples[i]
 
 
-def encode_records(prm, records: Sequence[Record], max_length: int, truncation: str = "keep-steps", chunk: int = 512, progress=None) -> CountsDataset:
+def encode_records(
+    prm, records: Sequence[Record], max_length: int, truncation: str = "keep-steps", chunk: int = 512, progress=None
+) -> CountsDataset:
     """Tokenise ``records`` for training.
 
     ``truncation="keep-steps"``: a record longer than ``max_length`` keeps the whole
@@ -64,12 +66,21 @@ def encode_records(prm, records: Sequence[Record], max_length: int, truncation: 
     examples = []
     for start in range(0, len(records), chunk):
         batch = records[start : start + chunk]
-        encoded = encode_traces(prm.tokenizer, marker_id, [(r.question, r.steps) for r in batch], prm.config.trace_format)
+        encoded = encode_traces(
+            prm.tokenizer, marker_id, [(r.question, r.steps) for r in batch], prm.config.trace_format
+        )
         for j, (r, ids) in enumerate(zip(batch, encoded)):
             kept_ids, kept = fit_to_length(ids, marker_id, max_length, prm.config.marker_repeat)
             if _count(stats, r, kept, truncation):
                 # index: the record's position, so a diverging batch can be named by ids.
-                examples.append({"input_ids": kept_ids, "mc_correct": list(r.mc_correct[:kept]), "mc_total": list(r.mc_total[:kept]), "index": start + j})
+                examples.append(
+                    {
+                        "input_ids": kept_ids,
+                        "mc_correct": list(r.mc_correct[:kept]),
+                        "mc_total": list(r.mc_total[:kept]),
+                        "index": start + j,
+                    }
+                )
         if progress is not None:
             progress(len(batch))
     return CountsDataset(examples, stats)
@@ -121,7 +132,16 @@ def _encode_multimodal_records(prm, records, max_length, truncation, stats, prog
         ids = encode_multimodal(prm, [(r.question, r.steps, r.images)])["input_ids"][0].tolist()
         _, kept = fit_to_length(ids, prm.config.marker_id, max_length, prm.config.marker_repeat)
         if _count(stats, r, kept, truncation):
-            items.append((r.question, list(r.steps[:kept]), list(r.images), list(r.mc_correct[:kept]), list(r.mc_total[:kept]), j))
+            items.append(
+                (
+                    r.question,
+                    list(r.steps[:kept]),
+                    list(r.images),
+                    list(r.mc_correct[:kept]),
+                    list(r.mc_total[:kept]),
+                    j,
+                )
+            )
         if progress is not None:
             progress(1)
     return MultimodalCountsDataset(prm, items, stats)

@@ -91,15 +91,43 @@ def _is_number(x) -> bool:
 def _check_steps(obj, line, prefix, marker, problems):
     steps = obj.get("steps") if isinstance(obj, dict) else None
     if not isinstance(steps, list) or not steps:
-        problems.append(Problem(line, prefix + "steps", f"must be a non-empty list of strings, got {short_repr(steps)}", "give the reasoning steps as a JSON list of strings"))
+        problems.append(
+            Problem(
+                line,
+                prefix + "steps",
+                f"must be a non-empty list of strings, got {short_repr(steps)}",
+                "give the reasoning steps as a JSON list of strings",
+            )
+        )
         return None
     for i, s in enumerate(steps):
         if not isinstance(s, str):
-            problems.append(Problem(line, f"{prefix}steps[{i}]", f"must be a string, got {short_repr(s)}", "write every step as a string"))
+            problems.append(
+                Problem(
+                    line,
+                    f"{prefix}steps[{i}]",
+                    f"must be a string, got {short_repr(s)}",
+                    "write every step as a string",
+                )
+            )
         elif not s.strip():
-            problems.append(Problem(line, f"{prefix}steps[{i}]", "is empty", "remove the empty step (and its counts) or fill in its text"))
+            problems.append(
+                Problem(
+                    line,
+                    f"{prefix}steps[{i}]",
+                    "is empty",
+                    "remove the empty step (and its counts) or fill in its text",
+                )
+            )
         elif marker in s:
-            problems.append(Problem(line, f"{prefix}steps[{i}]", f"contains the marker text {marker!r}", f"remove {marker!r} from the step text, or train with another --marker"))
+            problems.append(
+                Problem(
+                    line,
+                    f"{prefix}steps[{i}]",
+                    f"contains the marker text {marker!r}",
+                    f"remove {marker!r} from the step text, or train with another --marker",
+                )
+            )
     return steps
 
 
@@ -121,7 +149,14 @@ def _check_images(obj, line, base_dir: Path | None, problems, must_exist: bool =
     if isinstance(images, str):
         images = [images]
     if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
-        problems.append(Problem(line, "images", f"must be a list of file paths, got {short_repr(images)}", "give image paths as a JSON list of strings"))
+        problems.append(
+            Problem(
+                line,
+                "images",
+                f"must be a list of file paths, got {short_repr(images)}",
+                "give image paths as a JSON list of strings",
+            )
+        )
         return []
     if not must_exist:
         return list(images)
@@ -131,7 +166,14 @@ def _check_images(obj, line, base_dir: Path | None, problems, must_exist: bool =
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
-            problems.append(Problem(line, f"images[{i}]", f"file not found: {path}", "fix the path (relative paths are taken from the data file's folder) or add the image"))
+            problems.append(
+                Problem(
+                    line,
+                    f"images[{i}]",
+                    f"file not found: {path}",
+                    "fix the path (relative paths are taken from the data file's folder) or add the image",
+                )
+            )
         resolved.append(str(path))
     return resolved
 
@@ -141,45 +183,116 @@ def _check_counts(obj, line, n_steps, problems):
     n = obj.get("mc_total")
     soft = obj.get("soft", False)
     if not isinstance(soft, bool):
-        problems.append(Problem(line, "soft", f"must be true or false, got {short_repr(soft)}", "set soft to true only for fractional (soft-label) counts"))
+        problems.append(
+            Problem(
+                line,
+                "soft",
+                f"must be true or false, got {short_repr(soft)}",
+                "set soft to true only for fractional (soft-label) counts",
+            )
+        )
         soft = False
     if not isinstance(k, list):
-        problems.append(Problem(line, "mc_correct", f"must be a list with one count per step, got {short_repr(k)}", "give K (successful continuations) for every step"))
+        problems.append(
+            Problem(
+                line,
+                "mc_correct",
+                f"must be a list with one count per step, got {short_repr(k)}",
+                "give K (successful continuations) for every step",
+            )
+        )
         return None, None
     if _is_int(n):
         n = [n] * len(k)
     if not isinstance(n, list):
-        problems.append(Problem(line, "mc_total", f"must be an integer or a list of integers, got {short_repr(n)}", "give N (continuations sampled) per step or once for all steps"))
+        problems.append(
+            Problem(
+                line,
+                "mc_total",
+                f"must be an integer or a list of integers, got {short_repr(n)}",
+                "give N (continuations sampled) per step or once for all steps",
+            )
+        )
         return None, None
     if n_steps is not None and len(k) != n_steps:
-        problems.append(Problem(line, "mc_correct", f"has {len(k)} counts for {n_steps} steps", "give exactly one count per step; never pad or drop counts"))
+        problems.append(
+            Problem(
+                line,
+                "mc_correct",
+                f"has {len(k)} counts for {n_steps} steps",
+                "give exactly one count per step; never pad or drop counts",
+            )
+        )
     if len(n) != len(k):
-        problems.append(Problem(line, "mc_total", f"has {len(n)} totals for {len(k)} counts", "give one N per step, or a single integer"))
+        problems.append(
+            Problem(
+                line,
+                "mc_total",
+                f"has {len(n)} totals for {len(k)} counts",
+                "give one N per step, or a single integer",
+            )
+        )
         return None, None
     ok = True
     for i, (kk, nn) in enumerate(zip(k, n)):
         if not _is_int(nn):
-            problems.append(Problem(line, f"mc_total[{i}]", f"N must be an integer count, got {short_repr(nn)}", "write N as a whole number of continuations"))
+            problems.append(
+                Problem(
+                    line,
+                    f"mc_total[{i}]",
+                    f"N must be an integer count, got {short_repr(nn)}",
+                    "write N as a whole number of continuations",
+                )
+            )
             ok = False
             continue
         if nn < 1:
-            problems.append(Problem(line, f"mc_total[{i}]", f"N = {nn} < 1", "N counts sampled continuations and must be at least 1"))
+            problems.append(
+                Problem(
+                    line, f"mc_total[{i}]", f"N = {nn} < 1", "N counts sampled continuations and must be at least 1"
+                )
+            )
             ok = False
         elif nn > MAX_COUNT:
-            problems.append(Problem(line, f"mc_total[{i}]", f"N = {short_repr(nn)} is above {MAX_COUNT:,} (2**24)", "use N <= 16,777,216: float32 training would round larger counts; scale K and N down together (fractional K needs \"soft\": true)"))
+            problems.append(
+                Problem(
+                    line,
+                    f"mc_total[{i}]",
+                    f"N = {short_repr(nn)} is above {MAX_COUNT:,} (2**24)",
+                    'use N <= 16,777,216: float32 training would round larger counts; scale K and N down together (fractional K needs "soft": true)',
+                )
+            )
             ok = False
         if not _is_number(kk) or (not soft and not _is_int(kk)):
             problems.append(
-                Problem(line, f"mc_correct[{i}]", f"K must be an integer count, got {short_repr(kk)}",
-                        'write K as a whole number; for soft labels store K = p*N and set "soft": true (what `betaprm convert --from trl --soft-n N` writes)')
+                Problem(
+                    line,
+                    f"mc_correct[{i}]",
+                    f"K must be an integer count, got {short_repr(kk)}",
+                    'write K as a whole number; for soft labels store K = p*N and set "soft": true (what `betaprm convert --from trl --soft-n N` writes)',
+                )
             )
             ok = False
             continue
         if kk < 0:
-            problems.append(Problem(line, f"mc_correct[{i}]", f"K = {kk} < 0", "K counts successful continuations and cannot be negative"))
+            problems.append(
+                Problem(
+                    line,
+                    f"mc_correct[{i}]",
+                    f"K = {kk} < 0",
+                    "K counts successful continuations and cannot be negative",
+                )
+            )
             ok = False
         elif _is_int(nn) and kk > nn:
-            problems.append(Problem(line, f"mc_correct[{i}]", f"K = {kk} > N = {nn}", "K (successes) cannot exceed N (continuations); check the column order"))
+            problems.append(
+                Problem(
+                    line,
+                    f"mc_correct[{i}]",
+                    f"K = {kk} > N = {nn}",
+                    "K (successes) cannot exceed N (continuations); check the column order",
+                )
+            )
             ok = False
     return (k, n) if ok else (None, None)
 
@@ -193,7 +306,14 @@ def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
         return
     missing = [k for k in ("mu", "kappa") if k not in cand]
     if missing:
-        problems.append(Problem(line, prefix + missing[0], f"is missing while {', '.join(present)} is given", "give mu and kappa (and sigma) together: rescore with betaprm score, or give none of them"))
+        problems.append(
+            Problem(
+                line,
+                prefix + missing[0],
+                f"is missing while {', '.join(present)} is given",
+                "give mu and kappa (and sigma) together: rescore with betaprm score, or give none of them",
+            )
+        )
         return
     n_steps = len(steps) if isinstance(steps, list) else None
     if "steps_scored" in cand:
@@ -201,44 +321,101 @@ def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
         # steps_scored steps, those that fit the model's positions.
         k = cand["steps_scored"]
         if not _is_int(k) or n_steps is None or not 1 <= k <= n_steps:
-            problems.append(Problem(line, prefix + "steps_scored", f"must be an integer from 1 to the number of steps ({n_steps}), got {short_repr(k)}", "rescore the pool with betaprm score"))
+            problems.append(
+                Problem(
+                    line,
+                    prefix + "steps_scored",
+                    f"must be an integer from 1 to the number of steps ({n_steps}), got {short_repr(k)}",
+                    "rescore the pool with betaprm score",
+                )
+            )
             return
         n_steps = k
-    allowed = {"mu": (lambda x: 0 <= x <= 1, "in [0, 1]"), "kappa": (lambda x: x > 0, "> 0"), "sigma": (lambda x: x >= 0, ">= 0")}
+    allowed = {
+        "mu": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+        "kappa": (lambda x: x > 0, "> 0"),
+        "sigma": (lambda x: x >= 0, ">= 0"),
+    }
     for key in present:
         vals, (ok, rule) = cand[key], allowed[key]
         if not isinstance(vals, list):
-            problems.append(Problem(line, prefix + key, f"must be a list with one number per step, got {short_repr(vals)}", "rescore the pool with betaprm score"))
+            problems.append(
+                Problem(
+                    line,
+                    prefix + key,
+                    f"must be a list with one number per step, got {short_repr(vals)}",
+                    "rescore the pool with betaprm score",
+                )
+            )
             continue
         if n_steps is not None and len(vals) != n_steps:
-            problems.append(Problem(line, prefix + key, f"has {len(vals)} values for {n_steps} steps", "give one score per step; rescore the pool with betaprm score"))
+            problems.append(
+                Problem(
+                    line,
+                    prefix + key,
+                    f"has {len(vals)} values for {n_steps} steps",
+                    "give one score per step; rescore the pool with betaprm score",
+                )
+            )
             continue
         for i, x in enumerate(vals):
             if not _is_number(x) or not ok(x):
-                problems.append(Problem(line, f"{prefix}{key}[{i}]", f"must be a finite number {rule}, got {short_repr(x)}", "rescore the pool with betaprm score"))
+                problems.append(
+                    Problem(
+                        line,
+                        f"{prefix}{key}[{i}]",
+                        f"must be a finite number {rule}, got {short_repr(x)}",
+                        "rescore the pool with betaprm score",
+                    )
+                )
                 break
 
 
-def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>", base_dir: Path | None = None, seen_ids: set | None = None, check_images: bool = True):
+def validate_object(
+    obj,
+    line: int,
+    kind: str = "counts",
+    marker: str = "<prm>",
+    base_dir: Path | None = None,
+    seen_ids: set | None = None,
+    check_images: bool = True,
+):
     """Check one parsed JSON object. Returns ``(record_or_None, problems)``."""
     problems: list[Problem] = []
     if not isinstance(obj, dict):
-        return None, [Problem(line, "(record)", f"must be a JSON object, got {short_repr(obj)}", "write one JSON object per line")]
+        return None, [
+            Problem(
+                line, "(record)", f"must be a JSON object, got {short_repr(obj)}", "write one JSON object per line"
+            )
+        ]
     rid = obj.get("id")
     if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid == "":
-        problems.append(Problem(line, "id", f"missing or not a string: {short_repr(rid)}", "give every record a unique string id"))
+        problems.append(
+            Problem(line, "id", f"missing or not a string: {short_repr(rid)}", "give every record a unique string id")
+        )
     elif seen_ids is not None:
         if str(rid) in seen_ids:
             problems.append(Problem(line, "id", f"duplicate id {str(rid)!r}", "make ids unique within the file"))
         seen_ids.add(str(rid))
     question = obj.get("question")
     if not isinstance(question, str) or not question.strip():
-        problems.append(Problem(line, "question", f"missing or empty: {short_repr(question)}", "give the problem text as a non-empty string"))
+        problems.append(
+            Problem(
+                line,
+                "question",
+                f"missing or empty: {short_repr(question)}",
+                "give the problem text as a non-empty string",
+            )
+        )
     elif marker in question:
-        problems.append(Problem(line, "question", f"contains the marker text {marker!r}", f"remove {marker!r} from the question"))
+        problems.append(
+            Problem(line, "question", f"contains the marker text {marker!r}", f"remove {marker!r} from the question")
+        )
     for opt in ("answer", "source"):
         if obj.get(opt) is not None and not (isinstance(obj[opt], str) or _is_number(obj[opt])):
-            problems.append(Problem(line, opt, f"must be a string, got {short_repr(obj[opt])}", f"write {opt} as a string"))
+            problems.append(
+                Problem(line, opt, f"must be a string, got {short_repr(obj[opt])}", f"write {opt} as a string")
+            )
     images = _check_images(obj, line, base_dir, problems, must_exist=check_images)
     if kind == "counts":
         steps = _check_steps(obj, line, "", marker, problems)
@@ -246,15 +423,40 @@ def validate_object(obj, line: int, kind: str = "counts", marker: str = "<prm>",
         if problems:
             return None, problems
         answer = obj.get("answer")
-        return Record(str(rid), question, list(steps), list(k), list(n), images, None if answer is None else str(answer), obj.get("source"), bool(obj.get("soft", False)), line), []
+        return Record(
+            str(rid),
+            question,
+            list(steps),
+            list(k),
+            list(n),
+            images,
+            None if answer is None else str(answer),
+            obj.get("source"),
+            bool(obj.get("soft", False)),
+            line,
+        ), []
     if kind == "pool":
         cands = obj.get("candidates")
         if not isinstance(cands, list) or not cands:
-            problems.append(Problem(line, "candidates", f"must be a non-empty list of {{'steps': [...]}} objects, got {short_repr(cands)}", "list the candidate solutions, each with its steps"))
+            problems.append(
+                Problem(
+                    line,
+                    "candidates",
+                    f"must be a non-empty list of {{'steps': [...]}} objects, got {short_repr(cands)}",
+                    "list the candidate solutions, each with its steps",
+                )
+            )
         else:
             for j, c in enumerate(cands):
                 if not isinstance(c, dict):
-                    problems.append(Problem(line, f"candidates[{j}]", f"must be an object with 'steps', got {short_repr(c)}", 'write each candidate as {"steps": [...]}'))
+                    problems.append(
+                        Problem(
+                            line,
+                            f"candidates[{j}]",
+                            f"must be an object with 'steps', got {short_repr(c)}",
+                            'write each candidate as {"steps": [...]}',
+                        )
+                    )
                 else:
                     steps = _check_steps(c, line, f"candidates[{j}].", marker, problems)
                     _check_scores(c, line, f"candidates[{j}].", steps, problems)
@@ -321,11 +523,15 @@ def open_input(path, flag: str | None = None):
     ``BetaPRMInputError`` naming ``flag`` (e.g. ``--data``)."""
     p = Path(path)
     if not p.is_file():
-        raise BetaPRMInputError(f"{_name(path, flag)}: no such file" + (" (it is a folder)" if p.is_dir() else "") + "; check the path")
+        raise BetaPRMInputError(
+            f"{_name(path, flag)}: no such file" + (" (it is a folder)" if p.is_dir() else "") + "; check the path"
+        )
     try:
         return open(p, "rb")
     except OSError as e:
-        raise BetaPRMInputError(f"{_name(path, flag)}: cannot be read ({e.strerror}); check the file's permissions") from None
+        raise BetaPRMInputError(
+            f"{_name(path, flag)}: cannot be read ({e.strerror}); check the file's permissions"
+        ) from None
 
 
 def load_json_file(path, flag: str | None = None, what: str = "JSON") -> Any:
@@ -360,10 +566,17 @@ def iter_jsonl(path, flag: str | None = None) -> Iterator[tuple[int, Any, Proble
             try:
                 yield i, loads_strict(text), None, text
             except BadJSON as e:
-                yield i, None, Problem(i, "(line)", e.reason, "fix the JSON on this line (one JSON object per line)"), text
+                yield (
+                    i,
+                    None,
+                    Problem(i, "(line)", e.reason, "fix the JSON on this line (one JSON object per line)"),
+                    text,
+                )
 
 
-def read_objects(path, required: tuple[str, ...] = (), what: str = "one JSON object", flag: str | None = None) -> Iterator[tuple[str, dict]]:
+def read_objects(
+    path, required: tuple[str, ...] = (), what: str = "one JSON object", flag: str | None = None
+) -> Iterator[tuple[str, dict]]:
     """(``path:line``, object) for each non-blank line of a JSONL input that is not a
     training record (problems, traces, benchmark items): stops at the first bad line with
     the line, the field and ``what`` a line needs; ``required`` fields must be non-empty.
@@ -386,13 +599,21 @@ def problem_fields(obj: dict, where: str, marker: str | None = None) -> tuple[st
     answer a string or number. Raises naming the line and field otherwise."""
     rid, question, answer = obj.get("id"), obj.get("question"), obj.get("answer")
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
-        raise BetaPRMInputError(f"{where}: field 'id' must be a string, got {short_repr(rid)}; fix: give every line a unique string id")
+        raise BetaPRMInputError(
+            f"{where}: field 'id' must be a string, got {short_repr(rid)}; fix: give every line a unique string id"
+        )
     if not isinstance(question, str) or not question.strip():
-        raise BetaPRMInputError(f"{where}: field 'question' must be a non-empty string, got {short_repr(question)}; fix: write the problem text as a string")
+        raise BetaPRMInputError(
+            f"{where}: field 'question' must be a non-empty string, got {short_repr(question)}; fix: write the problem text as a string"
+        )
     if marker and marker in question:
-        raise BetaPRMInputError(f"{where}: field 'question' contains the marker text {marker!r}; fix: remove it from the question")
+        raise BetaPRMInputError(
+            f"{where}: field 'question' contains the marker text {marker!r}; fix: remove it from the question"
+        )
     if isinstance(answer, bool) or not (isinstance(answer, str) or _is_number(answer)) or answer == "":
-        raise BetaPRMInputError(f"{where}: field 'answer' must be a string or a number, got {short_repr(answer)}; fix: write the reference answer as a string")
+        raise BetaPRMInputError(
+            f"{where}: field 'answer' must be a string or a number, got {short_repr(answer)}; fix: write the reference answer as a string"
+        )
     return str(rid), question, str(answer)
 
 
@@ -411,13 +632,26 @@ def write_rejects(path, source: str, rejected: list[tuple[int, list[Problem], An
     text when it did not parse) and the ``raw`` line as read."""
     with open(path, "w", encoding="utf-8") as f:
         for line, problems, obj, raw in rejected:
-            entry = {"source": source, "line": line, "reasons": [p.render(source) for p in problems], "record": obj if obj is not None else raw}
+            entry = {
+                "source": source,
+                "line": line,
+                "reasons": [p.render(source) for p in problems],
+                "record": obj if obj is not None else raw,
+            }
             if raw is not None:
                 entry["raw"] = raw
             f.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
 
 
-def _process(items: Iterable[tuple[int, Any, Problem | None, str | None]], source: str, kind: str, marker: str, base_dir, on_error: str, rejects: str | Path | None) -> LoadResult:
+def _process(
+    items: Iterable[tuple[int, Any, Problem | None, str | None]],
+    source: str,
+    kind: str,
+    marker: str,
+    base_dir,
+    on_error: str,
+    rejects: str | Path | None,
+) -> LoadResult:
     if on_error not in ("fail", "skip"):
         raise BetaPRMInputError(f"--on-error must be 'fail' or 'skip', got {on_error!r}")
     seen: set = set()
@@ -439,17 +673,34 @@ def _process(items: Iterable[tuple[int, Any, Problem | None, str | None]], sourc
     return LoadResult(records, rejected, source)
 
 
-def read_records(path, kind: str = "counts", marker: str = "<prm>", on_error: str = "fail", rejects: str | Path | None = None, flag: str | None = None) -> LoadResult:
+def read_records(
+    path,
+    kind: str = "counts",
+    marker: str = "<prm>",
+    on_error: str = "fail",
+    rejects: str | Path | None = None,
+    flag: str | None = None,
+) -> LoadResult:
     """Load and validate a JSONL file of records (see the module docstring), in one pass.
     ``flag`` (e.g. ``--data``) is named when the file is missing."""
     p = Path(path)
     return _process(iter_jsonl(p, flag), str(path), kind, marker, p.parent, on_error, rejects)
 
 
-def records_from_rows(rows: Iterable[dict], source: str = "table", kind: str = "counts", marker: str = "<prm>", base_dir=None, on_error: str = "fail", rejects=None) -> LoadResult:
+def records_from_rows(
+    rows: Iterable[dict],
+    source: str = "table",
+    kind: str = "counts",
+    marker: str = "<prm>",
+    base_dir=None,
+    on_error: str = "fail",
+    rejects=None,
+) -> LoadResult:
     """Validate rows of a ``datasets`` table (or any iterable of dicts); "line" is the
     1-based row number."""
-    return _process(((i, dict(r), None, None) for i, r in enumerate(rows, 1)), source, kind, marker, base_dir, on_error, rejects)
+    return _process(
+        ((i, dict(r), None, None) for i, r in enumerate(rows, 1)), source, kind, marker, base_dir, on_error, rejects
+    )
 
 
 def validate_file(path, kind: str = "counts", marker: str = "<prm>") -> tuple[LoadResult, str]:
@@ -460,5 +711,7 @@ def validate_file(path, kind: str = "counts", marker: str = "<prm>") -> tuple[Lo
         lines.extend("  " + p.render(str(path)) for p in problems)
     if kind == "counts" and res.records:
         n_steps = sum(len(r.steps) for r in res.records)
-        lines.append(f"  {n_steps} steps; N per step from {min(min(r.mc_total) for r in res.records)} to {max(max(r.mc_total) for r in res.records)}")
+        lines.append(
+            f"  {n_steps} steps; N per step from {min(min(r.mc_total) for r in res.records)} to {max(max(r.mc_total) for r in res.records)}"
+        )
     return res, "\n".join(lines)

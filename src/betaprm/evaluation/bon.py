@@ -17,13 +17,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..types import StepScores
 from ..selectors import SELECTORS as REGISTRY
 from ..selectors import hit, tune_selectors
+from ..types import StepScores
 from .metrics import bootstrap_ci
 
 # The selectors eval-bon reports (betaprm.selectors), in table order, with their labels.
-NAMES = ("single_pass", "majority_vote", "mean", "min", "last", "prod", "lin", "rb", "weighted_vote", "reliability_vote", "oracle")
+NAMES = (
+    "single_pass",
+    "majority_vote",
+    "mean",
+    "min",
+    "last",
+    "prod",
+    "lin",
+    "rb",
+    "weighted_vote",
+    "reliability_vote",
+    "oracle",
+)
 SELECTORS = {name: REGISTRY[name].label for name in NAMES}
 
 
@@ -67,11 +79,23 @@ def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: in
             else:
                 hits.append(h)
         h = np.array(hits)
-        out[name] = {"acc": float(h.mean()) if len(h) else float("nan"), "ci": list(bootstrap_ci(h, seed=seed)) if len(h) else [float("nan")] * 2,
-                     "n": len(h), "check_failed": failed}
-    return {"selectors": out, "tuned": {k: {"lambda": v.lam, "q": v.q, "tau": v.tau, "val_acc": v.val_accuracy} for k, v in tuned.items() if k in ("lin", "rb")}
-               | ({"reliability_vote": {"lambda": tuned["reliability_vote"]}} if tuned else {}),
-            "n_test": len(test), "n_val": len(val)}
+        out[name] = {
+            "acc": float(h.mean()) if len(h) else float("nan"),
+            "ci": list(bootstrap_ci(h, seed=seed)) if len(h) else [float("nan")] * 2,
+            "n": len(h),
+            "check_failed": failed,
+        }
+    return {
+        "selectors": out,
+        "tuned": {
+            k: {"lambda": v.lam, "q": v.q, "tau": v.tau, "val_acc": v.val_accuracy}
+            for k, v in tuned.items()
+            if k in ("lin", "rb")
+        }
+        | ({"reliability_vote": {"lambda": tuned["reliability_vote"]}} if tuned else {}),
+        "n_test": len(test),
+        "n_val": len(val),
+    }
 
 
 def check_pools(records: Sequence[dict], answer_of: Callable, check_many: Callable) -> list[BonPool]:

@@ -17,29 +17,53 @@ def markdown_table(rows, headers) -> str:
 def format_results(r: dict) -> str:
     n = r["effective_config"]["n_candidates"]
     rows = [[NAMES.get(k, k), f"{v['acc']:.3f}", f"[{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"] for k, v in r["bon"].items()]
-    parts = [f"Best-of-{n}, {r['effective_config']['n_test_problems']} test problems (95% bootstrap intervals)", markdown_table(rows, ["selector", "accuracy", "95% CI"])]
+    parts = [
+        f"Best-of-{n}, {r['effective_config']['n_test_problems']} test problems (95% bootstrap intervals)",
+        markdown_table(rows, ["selector", "accuracy", "95% CI"]),
+    ]
     c = r["comparisons"]
     a, b = c["betaprm_rb_minus_standard_prm_mean"], c["best_betaprm_minus_majority_vote"]
-    parts.append(f"BetaPRM S_RB - standard PRM: {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] (paired bootstrap)")
-    parts.append(f"best BetaPRM selector on validation ({NAMES[b['selector']]}) - majority vote: {b['diff']:+.3f} [{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}]")
+    parts.append(
+        f"BetaPRM S_RB - standard PRM: {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] (paired bootstrap)"
+    )
+    parts.append(
+        f"best BetaPRM selector on validation ({NAMES[b['selector']]}) - majority vote: {b['diff']:+.3f} [{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}]"
+    )
     t = r["tuned"]
-    parts.append(f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}")
+    parts.append(
+        f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}"
+    )
     v = r["verification"]
     parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
-    split = all(f"{k}_first_error_auroc_{x}" in v for k in ("standard_prm", "betaprm", "bayes") for x in ("odd", "even"))
+    split = all(
+        f"{k}_first_error_auroc_{x}" in v for k in ("standard_prm", "betaprm", "bayes") for x in ("odd", "even")
+    )
     names = [("standard PRM", "standard_prm"), ("BetaPRM", "betaprm"), ("Bayes belief", "bayes")]
     if "parity_check_auroc" in v:
         names.append(("parity-check observer", "parity_check"))
-    rows = [[m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"] + ([f"{v[k + '_first_error_auroc_odd']:.3f}", f"{v[k + '_first_error_auroc_even']:.3f}"] if split else [])
-            for m, k in names]
-    parts.append(markdown_table(rows, ["model", "AUROC", "first-error AUROC"] + (["odd offset", "even offset"] if split else [])))
-    parts.append("first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps;"
-                 " odd / even: errors whose offset changes / keeps the parity of the result")
+    rows = [
+        [m, f"{v[k + '_auroc']:.3f}", f"{v[k + '_first_error_auroc']:.3f}"]
+        + ([f"{v[k + '_first_error_auroc_odd']:.3f}", f"{v[k + '_first_error_auroc_even']:.3f}"] if split else [])
+        for m, k in names
+    ]
+    parts.append(
+        markdown_table(
+            rows, ["model", "AUROC", "first-error AUROC"] + (["odd offset", "even offset"] if split else [])
+        )
+    )
+    parts.append(
+        "first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps;"
+        " odd / even: errors whose offset changes / keeps the parity of the result"
+    )
     if "parity_check_auroc" in v:
-        parts.append(f"parity-check observer: the best belief given only the parity of each step's error (mu MAE vs Bayes mean {v['parity_check_mu_mae_bayes']:.3f})")
+        parts.append(
+            f"parity-check observer: the best belief given only the parity of each step's error (mu MAE vs Bayes mean {v['parity_check_mu_mae_bayes']:.3f})"
+        )
     for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM")):
-        parts.append(f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
-                     + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name]))
+        parts.append(
+            f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
+            + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name])
+        )
     cs, cb = r["calibration"]["standard_prm"], r["calibration"]["betaprm"]
     parts.append("\nCalibration against the truth (test pools; NLL on held-out MC counts)")
     rows = [
@@ -47,26 +71,63 @@ def format_results(r: dict) -> str:
         ["mu MAE vs true q", f"{cs['mu_mae_true']:.3f}", f"{cb['mu_mae_true']:.3f}"],
         ["NLL of counts (standard: binomial at mu)", f"{cs['bb_nll']:.3f}", f"{cb['bb_nll']:.3f}"],
         ["Spearman(kappa, kappa*)", "-", f"{cb['spearman_kappa_bayes']:.3f}"],
-        ["same, unsettled steps only (share settled)", "-", f"{cb['spearman_kappa_bayes_unsettled']:.3f} ({cb['share_settled']:.2f})"],
-        *([["mu MAE vs parity-check observer's mean", f"{cs['mu_mae_parity_check']:.3f}", f"{cb['mu_mae_parity_check']:.3f}"],
-           ["Spearman(kappa, parity-check observer's kappa*)", "-", f"{cb['spearman_kappa_parity_check']:.3f}"]] if "mu_mae_parity_check" in cb else []),
+        [
+            "same, unsettled steps only (share settled)",
+            "-",
+            f"{cb['spearman_kappa_bayes_unsettled']:.3f} ({cb['share_settled']:.2f})",
+        ],
+        *(
+            [
+                [
+                    "mu MAE vs parity-check observer's mean",
+                    f"{cs['mu_mae_parity_check']:.3f}",
+                    f"{cb['mu_mae_parity_check']:.3f}",
+                ],
+                ["Spearman(kappa, parity-check observer's kappa*)", "-", f"{cb['spearman_kappa_parity_check']:.3f}"],
+            ]
+            if "mu_mae_parity_check" in cb
+            else []
+        ),
         ["Spearman(sigma, Bayes std)", "-", f"{cb['spearman_sigma_bayes_std']:.3f}"],
         ["Spearman(sigma, |mu - q|), its own error", "-", f"{cb['spearman_sigma_own_error']:.3f}"],
         ["90% interval coverage of q (Bayes)", "-", f"{cb['coverage90']:.3f} ({cb['bayes_coverage90']:.3f})"],
         ["90% interval mean width (Bayes)", "-", f"{cb['width90']:.3f} ({cb['bayes_width90']:.3f})"],
-        ["Beta at Bayes mean and kappa*: coverage, width", "-", f"{cb['bayes_beta_coverage90']:.3f}, {cb['bayes_beta_width90']:.3f}"],
+        [
+            "Beta at Bayes mean and kappa*: coverage, width",
+            "-",
+            f"{cb['bayes_beta_coverage90']:.3f}, {cb['bayes_beta_width90']:.3f}",
+        ],
     ]
     parts.append(markdown_table(rows, ["metric", "standard PRM", "BetaPRM"]))
     if "aca" in r:
         a = r["aca"]
-        names = {"vanilla_bon": f"vanilla Best-of-{n} (BetaPRM S_RB)", "aca": "ACA (BetaPRM, S_RB)", "aca_lin": "ACA (BetaPRM, final S_lin)",
-                 "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)", "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
-                 "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))"}
+        names = {
+            "vanilla_bon": f"vanilla Best-of-{n} (BetaPRM S_RB)",
+            "aca": "ACA (BetaPRM, S_RB)",
+            "aca_lin": "ACA (BetaPRM, final S_lin)",
+            "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)",
+            "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
+            "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))",
+        }
         base = a["vanilla_bon"]["tokens"]
-        rows = [[names[k], f"{a[k]['acc']:.3f}", f"[{a[k]['ci'][0]:.3f}, {a[k]['ci'][1]:.3f}]", f"{a[k]['tokens']}",
-                 "-" if k == "vanilla_bon" else f"{1 - a[k]['tokens'] / base:+.1%}".replace("+", "-", 1) if a[k]["tokens"] <= base else f"+{a[k]['tokens'] / base - 1:.1%}",
-                 "-" if k == "vanilla_bon" else f"{a[k]['mean_pool_size']:.1f}" if "mean_pool_size" in a[k] else ""]
-                for k in names if k in a]
-        parts.append(f"\nAdaptive Computation Allocation, budget {n}, {r['effective_config']['n_test_problems']} test problems (tokens: generated, all problems)")
+        rows = [
+            [
+                names[k],
+                f"{a[k]['acc']:.3f}",
+                f"[{a[k]['ci'][0]:.3f}, {a[k]['ci'][1]:.3f}]",
+                f"{a[k]['tokens']}",
+                "-"
+                if k == "vanilla_bon"
+                else f"{1 - a[k]['tokens'] / base:+.1%}".replace("+", "-", 1)
+                if a[k]["tokens"] <= base
+                else f"+{a[k]['tokens'] / base - 1:.1%}",
+                "-" if k == "vanilla_bon" else f"{a[k]['mean_pool_size']:.1f}" if "mean_pool_size" in a[k] else "",
+            ]
+            for k in names
+            if k in a
+        ]
+        parts.append(
+            f"\nAdaptive Computation Allocation, budget {n}, {r['effective_config']['n_test_problems']} test problems (tokens: generated, all problems)"
+        )
         parts.append(markdown_table(rows, ["method", "accuracy", "95% CI", "tokens", "vs vanilla", "mean pool"]))
     return "\n".join(parts)

@@ -44,31 +44,47 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
     from ..data.records import read_objects, short_repr
 
     items, path = [], Path(path)
-    for i, (where, r) in enumerate(read_objects(path, ("question",), "a VisualProcessBench item (question, response, data_source)", flag), 1):
+    for i, (where, r) in enumerate(
+        read_objects(path, ("question",), "a VisualProcessBench item (question, response, data_source)", flag), 1
+    ):
         if not isinstance(r["question"], str):
             raise BetaPRMInputError(f"{where}: field 'question' must be a string, got {short_repr(r['question'])}")
         resp = r.get("response")
         if not isinstance(resp, dict):
-            raise BetaPRMInputError(f"{where}: field 'response' must be an object with 'steps' and 'process_correctness'")
+            raise BetaPRMInputError(
+                f"{where}: field 'response' must be an object with 'steps' and 'process_correctness'"
+            )
         steps, labels = resp.get("steps"), resp.get("process_correctness")
         if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
             raise BetaPRMInputError(f"{where}: field 'response.steps' must be a non-empty list of non-empty strings")
         if not isinstance(labels, list) or len(labels) != len(steps):
             n = len(labels) if isinstance(labels, list) else type(labels).__name__
-            raise BetaPRMInputError(f"{where}: field 'response.process_correctness' must have one label per step ({len(steps)} steps, got {n})")
-        bad = [j for j, lab in enumerate(labels) if isinstance(lab, bool) or not isinstance(lab, int) or lab not in (1, 0, -1)]
+            raise BetaPRMInputError(
+                f"{where}: field 'response.process_correctness' must have one label per step ({len(steps)} steps, got {n})"
+            )
+        bad = [
+            j
+            for j, lab in enumerate(labels)
+            if isinstance(lab, bool) or not isinstance(lab, int) or lab not in (1, 0, -1)
+        ]
         if bad:
             seen = short_repr([labels[j] for j in bad][:5], 80)
-            raise BetaPRMInputError(f"{where}: field 'response.process_correctness' holds {seen} (first at step {bad[0] + 1}); allowed: 1 (correct), 0 (neutral), -1 (incorrect)")
+            raise BetaPRMInputError(
+                f"{where}: field 'response.process_correctness' holds {seen} (first at step {bad[0] + 1}); allowed: 1 (correct), 0 (neutral), -1 (incorrect)"
+            )
         image = r.get("image", r.get("images"))
         images = [] if image in (None, "", []) else [image] if isinstance(image, str) else image
         if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
-            raise BetaPRMInputError(f"{where}: field 'image' must be an image path or a list of paths, got {short_repr(image)}")
+            raise BetaPRMInputError(
+                f"{where}: field 'image' must be an image path or a list of paths, got {short_repr(image)}"
+            )
         for key in ("id", "data_source"):
             if key in r and (isinstance(r[key], (bool, dict, list)) or r[key] is None):
                 raise BetaPRMInputError(f"{where}: field {key!r} must be a string, got {short_repr(r[key])}")
         images = [str(p if Path(p).is_absolute() else path.parent / p) for p in images]
-        items.append(BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images))
+        items.append(
+            BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images)
+        )
     return items
 
 
@@ -109,15 +125,19 @@ def best_threshold(scores: np.ndarray, is_correct: np.ndarray) -> float:
     return float(best)
 
 
-def evaluate_steps(items: Sequence[BenchItem], step_scores: Sequence[np.ndarray], val_fraction: float = 0.2, seed: int = 0) -> dict:
+def evaluate_steps(
+    items: Sequence[BenchItem], step_scores: Sequence[np.ndarray], val_fraction: float = 0.2, seed: int = 0
+) -> dict:
     """Threshold on validation, F1 on test. ``step_scores[i]``: one score per step of item
     i, or fewer when the trace was cut to the model's positions (its later steps are left
     out and counted in ``n_unscored_steps``)."""
     val, test = split_by_problem(items, val_fraction, seed)
     if not val or not test:
-        raise BetaPRMInputError(f"the split by problem left {len(val)} validation and {len(test)} test items; give more problems or change --val-fraction")
+        raise BetaPRMInputError(
+            f"the split by problem left {len(val)} validation and {len(test)} test items; give more problems or change --val-fraction"
+        )
 
-    unscored = sum(sum(lab != 0 for lab in it.labels[len(sc):]) for it, sc in zip(items, step_scores))
+    unscored = sum(sum(lab != 0 for lab in it.labels[len(sc) :]) for it, sc in zip(items, step_scores))
 
     def gather(idx):
         s, y, src = [], [], []
@@ -145,5 +165,14 @@ def evaluate_steps(items: Sequence[BenchItem], step_scores: Sequence[np.ndarray]
         m = tsrc == src
         _, fp_, fn_ = f1_scores(ts[m] >= tau, ty[m])
         per_source[src] = (fp_ + fn_) / 2
-    return {"overall_f1": micro, "per_source": per_source, "threshold": tau, "n_steps": int(len(ts)), "n_val_steps": int(len(vs)),
-            "n_test_items": len(test), "n_val_items": len(val), "n_unscored_steps": int(unscored), "val_f1": f1_scores(vs >= tau, vy)[0]}
+    return {
+        "overall_f1": micro,
+        "per_source": per_source,
+        "threshold": tau,
+        "n_steps": int(len(ts)),
+        "n_val_steps": int(len(vs)),
+        "n_test_items": len(test),
+        "n_val_items": len(val),
+        "n_unscored_steps": int(unscored),
+        "val_f1": f1_scores(vs >= tau, vy)[0],
+    }

@@ -14,21 +14,40 @@ BACKENDS = ("synth", "transformers", "openai", "vllm")
 
 @dataclass
 class BackendOptions:
-    backend: str = _f("synth", "synth (the chain-arithmetic policy), transformers (local model), openai (an OpenAI-compatible server: vLLM serve, SGLang, TGI, llama.cpp) or vllm (offline engine, GPU)")
+    backend: str = _f(
+        "synth",
+        "synth (the chain-arithmetic policy), transformers (local model), openai (an OpenAI-compatible server: vLLM serve, SGLang, TGI, llama.cpp) or vllm (offline engine, GPU)",
+    )
     policy: str = _f("", "transformers/vllm: the policy model directory or hub id; openai: the served model name")
     base_url: str = _f("http://127.0.0.1:8000/v1", "openai: the server's base URL")
-    endpoint: str = _f("chat", "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with a rendered prompt)")
-    api_key_env: str | None = _f(None, "openai: the NAME of an environment variable holding the API key, sent as 'Authorization: Bearer' "
-                                       "(e.g. --api-key-env OPENAI_API_KEY); without it no key is sent")
+    endpoint: str = _f(
+        "chat",
+        "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with a rendered prompt)",
+    )
+    api_key_env: str | None = _f(
+        None,
+        "openai: the NAME of an environment variable holding the API key, sent as 'Authorization: Bearer' "
+        "(e.g. --api-key-env OPENAI_API_KEY); without it no key is sent",
+    )
     concurrency: int = _f(16, "openai: requests in flight at once")
-    request_timeout: float = _f(120.0, "openai: seconds one call may take in all (connecting, sending and reading the whole answer)")
+    request_timeout: float = _f(
+        120.0, "openai: seconds one call may take in all (connecting, sending and reading the whole answer)"
+    )
     max_retries: int = _f(4, "openai: retries after a failed or timed-out call (exponential backoff)")
     gen_batch_size: int = _f(8, "transformers: sequences per generate call")
-    gen_max_batch_tokens: int = _f(16384, "transformers: tokens per generate call at most (sequences x (longest prompt + --max-new-tokens)); long prompts make smaller batches instead of running out of memory")
+    gen_max_batch_tokens: int = _f(
+        16384,
+        "transformers: tokens per generate call at most (sequences x (longest prompt + --max-new-tokens)); long prompts make smaller batches instead of running out of memory",
+    )
     split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps")
-    continuation: str = _f("prefill", "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)")
-    instruction: str = _f(TextFormat.instruction, "text after the question in the user turn (ask for the step layout --split expects)")
+    continuation: str = _f(
+        "prefill",
+        "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)",
+    )
+    instruction: str = _f(
+        TextFormat.instruction, "text after the question in the user turn (ask for the step layout --split expects)"
+    )
     temperature: float = _f(0.7, "sampling temperature")
     top_p: float = _f(0.9, "nucleus sampling")
     top_k: int = _f(30, "top-k sampling (0: off)")
@@ -43,11 +62,15 @@ class BackendOptions:
         if not (math.isfinite(self.request_timeout) and self.request_timeout > 0):
             bad.append(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
         if self.gen_batch_size < 1 or self.gen_max_batch_tokens < 1:
-            bad.append(f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and {self.gen_max_batch_tokens}")
+            bad.append(
+                f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and {self.gen_max_batch_tokens}"
+            )
         if self.endpoint not in ("chat", "completions"):
             bad.append(f"--endpoint must be chat or completions, got {self.endpoint!r}")
         if self.api_key_env and self.backend != "openai":
-            bad.append(f"--api-key-env is for --backend openai (the only backend that talks HTTP), got --backend {self.backend}")
+            bad.append(
+                f"--api-key-env is for --backend openai (the only backend that talks HTTP), got --backend {self.backend}"
+            )
         elif self.api_key_env:
             bad += api_key_problems(self.api_key_env)
         return bad
@@ -56,8 +79,10 @@ class BackendOptions:
 def api_key_problems(env_name: str | None, flag: str = "--api-key-env") -> list[str]:
     """What is wrong with ``flag env_name`` (nothing when no name is given)."""
     if env_name and not os.environ.get(env_name, "").strip():
-        return [f"{flag} {env_name}: the environment variable {env_name} is unset or empty; "
-                f"set it to the API key (export {env_name}=...) or leave out {flag} to send no key"]
+        return [
+            f"{flag} {env_name}: the environment variable {env_name} is unset or empty; "
+            f"set it to the API key (export {env_name}=...) or leave out {flag} to send no key"
+        ]
     return []
 
 
@@ -81,17 +106,37 @@ def build_generator(opts: BackendOptions, world=None, count_tokens=None, seed: i
         from ..synth import SynthPolicy, World
 
         return SynthPolicy(world or World(), seed=seed, count_tokens=count_tokens)
-    fmt = TextFormat(split=opts.split, split_regex=opts.split_regex, continuation=opts.continuation, instruction=opts.instruction)
-    sampling = Sampling(temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, max_new_tokens=opts.max_new_tokens)
+    fmt = TextFormat(
+        split=opts.split, split_regex=opts.split_regex, continuation=opts.continuation, instruction=opts.instruction
+    )
+    sampling = Sampling(
+        temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, max_new_tokens=opts.max_new_tokens
+    )
     if opts.backend == "transformers":
         from .hf import TransformersGenerator
 
-        return TransformersGenerator.from_pretrained(opts.policy, fmt, sampling, batch_size=opts.gen_batch_size, seed=seed, max_batch_tokens=opts.gen_max_batch_tokens)
+        return TransformersGenerator.from_pretrained(
+            opts.policy,
+            fmt,
+            sampling,
+            batch_size=opts.gen_batch_size,
+            seed=seed,
+            max_batch_tokens=opts.gen_max_batch_tokens,
+        )
     if opts.backend == "openai":
         from .openai import OpenAIGenerator
 
-        return OpenAIGenerator(opts.base_url, opts.policy, fmt, sampling, endpoint=opts.endpoint, api_key=read_api_key(opts.api_key_env),
-                               concurrency=opts.concurrency, timeout=opts.request_timeout, max_retries=opts.max_retries)
+        return OpenAIGenerator(
+            opts.base_url,
+            opts.policy,
+            fmt,
+            sampling,
+            endpoint=opts.endpoint,
+            api_key=read_api_key(opts.api_key_env),
+            concurrency=opts.concurrency,
+            timeout=opts.request_timeout,
+            max_retries=opts.max_retries,
+        )
     from .vllm import VLLMGenerator
 
     return VLLMGenerator(opts.policy, fmt, sampling, seed=seed)

@@ -20,8 +20,16 @@ class TransformersGenerator:
     long prompts make smaller batches instead of running out of memory.
     """
 
-    def __init__(self, model, tokenizer, fmt: TextFormat | None = None, sampling: Sampling | None = None, batch_size: int = 8, seed: int = 0,
-                 max_batch_tokens: int = 16384):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        fmt: TextFormat | None = None,
+        sampling: Sampling | None = None,
+        batch_size: int = 8,
+        seed: int = 0,
+        max_batch_tokens: int = 16384,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.fmt = fmt or TextFormat()
@@ -34,7 +42,15 @@ class TransformersGenerator:
             tokenizer.pad_token = tokenizer.eos_token
 
     @classmethod
-    def from_pretrained(cls, path: str, fmt: TextFormat | None = None, sampling: Sampling | None = None, device: str | None = None, dtype: str = "auto", **kwargs) -> TransformersGenerator:
+    def from_pretrained(
+        cls,
+        path: str,
+        fmt: TextFormat | None = None,
+        sampling: Sampling | None = None,
+        device: str | None = None,
+        dtype: str = "auto",
+        **kwargs,
+    ) -> TransformersGenerator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path)
@@ -79,7 +95,9 @@ class TransformersGenerator:
             # requests in the same order give the same completions.
             first = requests[chunk[0][0]]
             torch.manual_seed(first.seed if first.seed is not None else self.seed + b)
-            enc = self.tokenizer([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+            enc = self.tokenizer(
+                [prompts[i] for i, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(self.model.device)
             gen = self.model.generate(
                 **enc,
                 do_sample=s.temperature > 0,

@@ -43,7 +43,9 @@ def _http_post(url: str, data: bytes, headers: dict, timeout: float, max_bytes: 
     u = urllib.parse.urlsplit(url)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     https = u.scheme == "https"
-    conn = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(u.hostname, u.port or (443 if https else 80), timeout=timeout)
+    conn = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
+        u.hostname, u.port or (443 if https else 80), timeout=timeout
+    )
     expired = threading.Event()
 
     def expire():
@@ -121,9 +123,13 @@ class OpenAIGenerator:
         try:
             _ = u.port  # raises on a port that is not a number in 0..65535
         except ValueError:
-            raise BetaPRMInputError(f"{url_flag} {base_url!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1") from None
+            raise BetaPRMInputError(
+                f"{url_flag} {base_url!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
+            ) from None
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise BetaPRMInputError(f"{url_flag} {base_url!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1")
+            raise BetaPRMInputError(
+                f"{url_flag} {base_url!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
+            )
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise BetaPRMInputError(f"the request timeout must be a number of seconds > 0, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
@@ -144,7 +150,13 @@ class OpenAIGenerator:
     # ------------------------------------------------------------------ one call
     def _body(self, req: GenerationRequest, copy: int) -> tuple[str, dict]:
         s = self.sampling
-        body = {"model": self.model, "n": 1, "max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
+        body = {
+            "model": self.model,
+            "n": 1,
+            "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+        }
         if s.top_k > 0:
             body["top_k"] = s.top_k  # vLLM/SGLang extension; OpenAI itself ignores it
         if req.seed is not None:
@@ -175,7 +187,9 @@ class OpenAIGenerator:
                 last = f"no answer within {self.timeout:g} s"
                 continue
             except _TooLarge:
-                raise GenerationError(f"{url} sent an answer larger than {self.max_response_bytes} bytes; a completion is far smaller, so this is not the server you meant") from None
+                raise GenerationError(
+                    f"{url} sent an answer larger than {self.max_response_bytes} bytes; a completion is far smaller, so this is not the server you meant"
+                ) from None
             except (ConnectionRefusedError, socket.gaierror) as e:
                 last = f"cannot connect ({e})"
                 continue
@@ -192,7 +206,9 @@ class OpenAIGenerator:
                 last = f"HTTP {status}: {detail}"
                 continue
             if status >= 400:
-                raise GenerationError(f"{url} refused the request with HTTP {status}: {detail} (check {self.model_flag} {self.model!r}, the served model name, and the sampling settings)")
+                raise GenerationError(
+                    f"{url} refused the request with HTTP {status}: {detail} (check {self.model_flag} {self.model!r}, the served model name, and the sampling settings)"
+                )
             try:
                 return json.loads(raw)
             except ValueError:

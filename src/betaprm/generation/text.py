@@ -31,12 +31,17 @@ class TextFormat:
 
     split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps, e.g. '\\n(?=Step \\d+:)'")
-    continuation: str = _f("prefill", "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)")
+    continuation: str = _f(
+        "prefill",
+        "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)",
+    )
     instruction: str = _f(
         "Solve the problem step by step. Separate steps with a blank line and end with a final step 'The answer is \\boxed{ANSWER}'.",
         "text added after the question in the user turn",
     )
-    restate_header: str = _f("Previous steps (continue from here, do not repeat them):", "restate mode: the line before the kept steps")
+    restate_header: str = _f(
+        "Previous steps (continue from here, do not repeat them):", "restate mode: the line before the kept steps"
+    )
     system: str | None = _f(None, "optional system message")
 
     def __post_init__(self):
@@ -99,7 +104,9 @@ class TextFormat:
         ``question`` / instruction / kept steps separated by blank lines."""
         msgs, prefilled = self.messages(question, prefix)
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not prefilled, continue_final_message=prefilled)
+            return tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=not prefilled, continue_final_message=prefilled
+            )
         return "\n\n".join(m["content"].rstrip("\n") for m in msgs) + "\n\n"
 
 

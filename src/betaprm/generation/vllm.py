@@ -20,7 +20,9 @@ def _require_vllm():
     import torch
 
     if not torch.cuda.is_available():
-        raise GenerationError("the vllm backend needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); use --backend transformers on CPU")
+        raise GenerationError(
+            "the vllm backend needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); use --backend transformers on CPU"
+        )
     return vllm
 
 
@@ -30,7 +32,14 @@ class VLLMGenerator:
     completions come from one ``SamplingParams(n=...)``. ``n_tokens`` is the length of
     each output's ``token_ids``."""
 
-    def __init__(self, model: str, fmt: TextFormat | None = None, sampling: Sampling | None = None, seed: int = 0, **engine_kwargs):
+    def __init__(
+        self,
+        model: str,
+        fmt: TextFormat | None = None,
+        sampling: Sampling | None = None,
+        seed: int = 0,
+        **engine_kwargs,
+    ):
         vllm = _require_vllm()
         self.fmt = fmt or TextFormat()
         self.sampling = sampling or Sampling()
@@ -43,7 +52,12 @@ class VLLMGenerator:
         s = self.sampling
         params = [
             self._vllm.SamplingParams(
-                n=r.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1, max_tokens=s.max_new_tokens, seed=r.seed
+                n=r.n,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k if s.top_k > 0 else -1,
+                max_tokens=s.max_new_tokens,
+                seed=r.seed,
             )
             for r in requests
         ]

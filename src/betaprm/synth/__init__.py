@@ -3,4 +3,15 @@
 from .policy import SynthPolicy, mc_label, synth_answer, synth_is_correct, synth_tasks
 from .world import Problem, Trace, World, WorldConfig, parse_value
 
-__all__ = ["Problem", "SynthPolicy", "Trace", "World", "WorldConfig", "mc_label", "parse_value", "synth_answer", "synth_is_correct", "synth_tasks"]
+__all__ = [
+    "Problem",
+    "SynthPolicy",
+    "Trace",
+    "World",
+    "WorldConfig",
+    "mc_label",
+    "parse_value",
+    "synth_answer",
+    "synth_is_correct",
+    "synth_tasks",
+]

@@ -53,7 +53,14 @@ def calibration(pools, scores, held_records, held_scores, beta: bool):
     if beta:
         import torch
 
-        res["bb_nll"] = float(beta_binomial_nll(torch.tensor(hmu, dtype=torch.float64), torch.tensor(hkappa, dtype=torch.float64), torch.tensor(k), torch.tensor(n)).mean())
+        res["bb_nll"] = float(
+            beta_binomial_nll(
+                torch.tensor(hmu, dtype=torch.float64),
+                torch.tensor(hkappa, dtype=torch.float64),
+                torch.tensor(k),
+                torch.tensor(n),
+            ).mean()
+        )
         unsettled = bv > 1e-12  # settled: the Bayes belief is certain, kappa* infinite
         kstar = kappa_star(bm, bv)
         res["spearman_kappa_bayes"] = spearman(kappa, kstar)
@@ -114,7 +121,10 @@ def step_diagnostics(pools, scores):
                     offs.append(off)
                 if off == 0:
                     bias.setdefault(k + 1, []).append(mu[k] - bayes.mean[k])
-    out = {"first_error_auroc": auroc(drops, np.array(offs) > 0), "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)]}
+    out = {
+        "first_error_auroc": auroc(drops, np.array(offs) > 0),
+        "clean_bias_by_step": [float(np.mean(bias[k])) for k in sorted(bias)],
+    }
     # Parity splits arithmetic mod an even modulus only; each kind is reported where it occurred.
     if pools and pools[0].problem.modulus % 2 == 0:
         out.update({f"first_error_auroc_{k}": v for k, v in parity_split_auroc(drops, offs).items()})

@@ -63,14 +63,26 @@ def sample_pools(world: World, policy: SynthPolicy, problems, n: int) -> list[Po
     for p in problems:
         traces = policy.sample_traces(p, n)
         table = world.q_table(p)
-        parity = [Belief(*world.bayes_belief(p, t.values, table, check_mod=2)) for t in traces] if world.M % 2 == 0 else []
-        pools.append(Pool(p, traces, [t.final for t in traces], np.array([t.correct for t in traces]),
-                          [world.true_q(p, t.values, table) for t in traces],
-                          [Belief(*world.bayes_summary(p, t.values, 0.9, table)) for t in traces], parity))
+        parity = (
+            [Belief(*world.bayes_belief(p, t.values, table, check_mod=2)) for t in traces] if world.M % 2 == 0 else []
+        )
+        pools.append(
+            Pool(
+                p,
+                traces,
+                [t.final for t in traces],
+                np.array([t.correct for t in traces]),
+                [world.true_q(p, t.values, table) for t in traces],
+                [Belief(*world.bayes_summary(p, t.values, 0.9, table)) for t in traces],
+                parity,
+            )
+        )
     return pools
 
 
-def training_traces(world: World, problems, seed: int, error_boost: float, traces_per_problem: int, near_miss: float | None = None) -> list:
+def training_traces(
+    world: World, problems, seed: int, error_boost: float, traces_per_problem: int, near_miss: float | None = None
+) -> list:
     """The PRMs' training traces: the policy with verifiable errors enriched by
     ``error_boost`` and, with ``near_miss``, another mix of error offsets. Their labels
     always come from the world's own policy (``label_records``), so K of N stays the truth."""
@@ -81,8 +93,16 @@ def training_traces(world: World, problems, seed: int, error_boost: float, trace
 
 def label_records(world: World, label_policy: SynthPolicy, traces, mc_n: int, prefix: str) -> list[dict]:
     """Training records: each step labelled with K of ``mc_n`` continuations."""
-    return [{"id": f"{prefix}{i}", "question": t.problem.question, "steps": t.steps, "mc_correct": mc_label(world, label_policy, t, mc_n), "mc_total": mc_n}
-            for i, t in enumerate(traces)]
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "question": t.problem.question,
+            "steps": t.steps,
+            "mc_correct": mc_label(world, label_policy, t, mc_n),
+            "mc_total": mc_n,
+        }
+        for i, t in enumerate(traces)
+    ]
 
 
 class DemoData(NamedTuple):
@@ -100,7 +120,9 @@ def demo_data(world: World, recipe, seed: int) -> DemoData:
     val_p = world.sample_problems(recipe.n_val_problems, s.val_problems, "val")
     test_p = world.sample_problems(recipe.n_test_problems, s.test_problems, "test")
     label_policy = SynthPolicy(world, seed=s.label_policy)
-    train_traces = training_traces(world, train_p, s.train_policy, recipe.error_boost, recipe.traces_per_train_problem, recipe.train_near_miss)
+    train_traces = training_traces(
+        world, train_p, s.train_policy, recipe.error_boost, recipe.traces_per_train_problem, recipe.train_near_miss
+    )
     train_records = label_records(world, label_policy, train_traces, world.cfg.mc_n, "train")
     pool_policy = SynthPolicy(world, seed=s.pool_policy)
     val_pools = sample_pools(world, pool_policy, val_p, recipe.n_candidates)
@@ -109,7 +131,9 @@ def demo_data(world: World, recipe, seed: int) -> DemoData:
     return DemoData(train_traces, train_records, val_pools, test_pools, held_records)
 
 
-def aca_table(world: World, test_pools: list[Pool], vanilla_hits: np.ndarray, models: dict, tuned: dict, tokenizer, seed: int) -> tuple[dict, dict]:
+def aca_table(
+    world: World, test_pools: list[Pool], vanilla_hits: np.ndarray, models: dict, tuned: dict, tokenizer, seed: int
+) -> tuple[dict, dict]:
     """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
     pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
     and its ablations, each with accuracy, CI and generated tokens. Returns the table and
@@ -135,25 +159,61 @@ def aca_table(world: World, test_pools: list[Pool], vanilla_hits: np.ndarray, mo
         "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
     }
     pool_tokens = [[sum(count(st) for st in t.steps) for t in p.traces] for p in test_pools]
-    table = {"vanilla_bon": {"acc": float(vanilla_hits.mean()), "ci": list(bootstrap_ci(vanilla_hits, seed=seed)), "tokens": int(sum(map(sum, pool_tokens)))}}
+    table = {
+        "vanilla_bon": {
+            "acc": float(vanilla_hits.mean()),
+            "ci": list(bootstrap_ci(vanilla_hits, seed=seed)),
+            "tokens": int(sum(map(sum, pool_tokens))),
+        }
+    }
     points = {}
     for name, (model, acfg) in variants.items():
         policy = SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count)
-        recs = run_aca(tasks, policy, PRMScorer(models[model], 64), acfg, synth_answer, synth_is_correct, progress=False)
+        recs = run_aca(
+            tasks, policy, PRMScorer(models[model], 64), acfg, synth_answer, synth_is_correct, progress=False
+        )
         hit = np.array([float(r["correct"]) for r in recs])
         summ = summarize(recs)
         tokens = summ["tokens"]
-        table[name] = {"acc": summ["acc"], "ci": list(bootstrap_ci(hit, seed=seed)), "tokens": tokens,
-                       "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"], "mean_pool_size": summ["mean_pool_size"],
-                       "stop_reasons": summ["stop_reasons"]}
+        table[name] = {
+            "acc": summ["acc"],
+            "ci": list(bootstrap_ci(hit, seed=seed)),
+            "tokens": tokens,
+            "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"],
+            "mean_pool_size": summ["mean_pool_size"],
+            "stop_reasons": summ["stop_reasons"],
+        }
         if name == "aca":  # the same pools, final choice by S_lin (the ablation's shared rule)
-            lin = [float(bool(r["candidates"][int(np.argmax(candidate_scores([StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]], "lin", 0.5)))]["correct"]))
-                   for r in recs]
-            table["aca_lin"] = {"acc": float(np.mean(lin)), "ci": list(bootstrap_ci(np.array(lin), seed=seed)), "tokens": tokens,
-                                "token_reduction": table[name]["token_reduction"]}
+            lin = [
+                float(
+                    bool(
+                        r["candidates"][
+                            int(
+                                np.argmax(
+                                    candidate_scores(
+                                        [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]],
+                                        "lin",
+                                        0.5,
+                                    )
+                                )
+                            )
+                        ]["correct"]
+                    )
+                )
+                for r in recs
+            ]
+            table["aca_lin"] = {
+                "acc": float(np.mean(lin)),
+                "ci": list(bootstrap_ci(np.array(lin), seed=seed)),
+                "tokens": tokens,
+                "token_reduction": table[name]["token_reduction"],
+            }
         points[name.replace("_", " ")] = (tokens, table[name]["acc"])
     n = len(test_pools[0].traces)
-    table["bon_curve"] = {"n": list(range(1, n + 1)), "tokens": [int(sum(sum(t[:k]) for t in pool_tokens)) for k in range(1, n + 1)]}
+    table["bon_curve"] = {
+        "n": list(range(1, n + 1)),
+        "tokens": [int(sum(sum(t[:k]) for t in pool_tokens)) for k in range(1, n + 1)],
+    }
     return table, points
 
 

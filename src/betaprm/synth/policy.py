@@ -19,7 +19,9 @@ class SynthPolicy:
     tokenizer's count in the demo; words by default).
     """
 
-    def __init__(self, world: World, seed: int = 0, count_tokens: Callable[[str], int] | None = None, error_boost: float = 1.0):
+    def __init__(
+        self, world: World, seed: int = 0, count_tokens: Callable[[str], int] | None = None, error_boost: float = 1.0
+    ):
         self.world = world
         self.rng = np.random.default_rng(seed)
         self.count_tokens = count_tokens or (lambda s: len(s.split()))

@@ -12,14 +12,25 @@ from ..options import opt as _f
 @dataclass
 class DemoConfig:
     out: str = _f("outputs/demo", "folder for data, models, results.json and plots")
-    world_config: str | None = _f(None, "JSON file of chain-arithmetic world settings (default: the world of docs/design.md section 6)")
+    world_config: str | None = _f(
+        None, "JSON file of chain-arithmetic world settings (default: the world of docs/design.md section 6)"
+    )
     seed: int = _f(0, "random seed for problems, models and training")
     quick: bool = _f(False, "a small run with the same steps (smaller data, backbone and budgets)")
-    long: bool = _f(False, "the recipe that learns the whole step check: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM (meant for a GPU: --device cuda)")
+    long: bool = _f(
+        False,
+        "the recipe that learns the whole step check: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM (meant for a GPU: --device cuda)",
+    )
     n_train_problems: int | None = _f(None, "training problems (3000; --quick 500, --long 12000)")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
-    error_boost: float = _f(2.0, "training traces only: multiply the error rates of verifiable steps (+, *) by this: more errors a PRM can see")
-    train_near_miss: float | None = _f(None, "training traces only: share of errors that are off by +-1 (the world's near_miss; --long 0.3); lower puts more errors that keep the result's parity into training")
+    error_boost: float = _f(
+        2.0,
+        "training traces only: multiply the error rates of verifiable steps (+, *) by this: more errors a PRM can see",
+    )
+    train_near_miss: float | None = _f(
+        None,
+        "training traces only: share of errors that are off by +-1 (the world's near_miss; --long 0.3); lower puts more errors that keep the result's parity into training",
+    )
     n_val_problems: int | None = _f(None, "validation problems, for selector tuning (300; --quick 60)")
     n_test_problems: int | None = _f(None, "test problems, the Best-of-N pools (1000; --quick 150)")
     n_candidates: int = _f(16, "candidates per pool")
@@ -30,19 +41,51 @@ class DemoConfig:
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1100; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_lr: float = _f(1e-3, "PRM learning rate")
-    head_lr_multiplier: float = _f(1.0, "kappa head learning rate / prm_lr (the paper uses 10x at lr 1e-5 on 8B models; at lr 1e-3 on this tiny model 10x lets the kappa path swamp the mu path)")
+    head_lr_multiplier: float = _f(
+        1.0,
+        "kappa head learning rate / prm_lr (the paper uses 10x at lr 1e-5 on 8B models; at lr 1e-3 on this tiny model 10x lets the kappa path swamp the mu path)",
+    )
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
-    kappa_detach: bool = _f(True, "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)")
-    parallel_prms: bool = _f(True, "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each (the same PRMs as one after the other with that thread count); on a GPU, sharing it. From Python, call run_demo under if __name__ == '__main__' (the workers are spawned)")
-    group_by_length: bool = _f(False, "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, less mixed batches")
+    kappa_detach: bool = _f(
+        True,
+        "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)",
+    )
+    parallel_prms: bool = _f(
+        True,
+        "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each (the same PRMs as one after the other with that thread count); on a GPU, sharing it. From Python, call run_demo under if __name__ == '__main__' (the workers are spawned)",
+    )
+    group_by_length: bool = _f(
+        False,
+        "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, less mixed batches",
+    )
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
-    device: str = _f("cpu", "cpu, cuda or auto (cuda when a GPU is present). On a GPU the same steps run in fp32, with numbers that differ slightly from the CPU's")
-    backbone: str | None = _f(None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining")
+    device: str = _f(
+        "cpu",
+        "cpu, cuda or auto (cuda when a GPU is present). On a GPU the same steps run in fp32, with numbers that differ slightly from the CPU's",
+    )
+    backbone: str | None = _f(
+        None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining"
+    )
 
     def __post_init__(self):
-        bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n_train_problems", "traces_per_train_problem", "n_val_problems", "n_test_problems", "n_candidates", "hidden_size", "num_layers", "pretrain_tokens", "prm_steps", "prm_batch") if getattr(self, k) is not None and getattr(self, k) < 1]
+        bad = [
+            f"{k} must be >= 1, got {getattr(self, k)}"
+            for k in (
+                "n_train_problems",
+                "traces_per_train_problem",
+                "n_val_problems",
+                "n_test_problems",
+                "n_candidates",
+                "hidden_size",
+                "num_layers",
+                "pretrain_tokens",
+                "prm_steps",
+                "prm_batch",
+            )
+            if getattr(self, k) is not None and getattr(self, k) < 1
+        ]
         if self.n_candidates < 2:
             bad.append("n_candidates must be >= 2 for Best-of-N")
         if self.train_near_miss is not None and not 0 <= self.train_near_miss <= 1:
@@ -70,9 +113,25 @@ class DemoConfig:
 
 
 # The default recipe's values of the settings that the presets change.
-BASE = dict(n_train_problems=3000, n_val_problems=300, n_test_problems=1000, pretrain_tokens=1_000_000, prm_steps=1100, hidden_size=128, num_layers=4)
+BASE = dict(
+    n_train_problems=3000,
+    n_val_problems=300,
+    n_test_problems=1000,
+    pretrain_tokens=1_000_000,
+    prm_steps=1100,
+    hidden_size=128,
+    num_layers=4,
+)
 PRESETS = {
-    "quick": dict(n_train_problems=500, n_val_problems=60, n_test_problems=150, pretrain_tokens=200_000, prm_steps=120, hidden_size=96, num_layers=3),
+    "quick": dict(
+        n_train_problems=500,
+        n_val_problems=60,
+        n_test_problems=150,
+        pretrain_tokens=200_000,
+        prm_steps=120,
+        hidden_size=96,
+        num_layers=3,
+    ),
     # Found with benchmarks/probe_sweep.sh on a GPU: the smallest budget seen to learn the
     # mod-5 half of the step check, not only parity.
     "long": dict(n_train_problems=12_000, train_near_miss=0.3, prm_steps=6600, hidden_size=96, num_layers=8),

@@ -24,25 +24,49 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
 
     from ..formatting import TraceFormat, encode_traces
     from ..scoring import pad_batch
-    from .policy import SynthPolicy
     from ..tiny import tiny_causal_lm
+    from .policy import SynthPolicy
 
     torch.manual_seed(cfg.seed)
-    model = tiny_causal_lm(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=4, max_position_embeddings=512, seed=cfg.seed).to(device).train()
+    model = (
+        tiny_causal_lm(
+            len(tokenizer),
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers,
+            num_heads=4,
+            max_position_embeddings=512,
+            seed=cfg.seed,
+        )
+        .to(device)
+        .train()
+    )
     clean = SynthPolicy(world, seed=cfg.seed + 101, error_boost=0.0)
     marker_id = tokenizer.convert_tokens_to_ids(marker)
     fmt = TraceFormat(marker=marker, marker_repeat=cfg.marker_repeat)  # the PRM's layout
-    probe = encode_traces(tokenizer, marker_id, [(t.problem.question, t.steps) for p in world.sample_problems(50, cfg.seed + 7, "x") for t in clean.sample_traces(p, 1)], fmt)
+    probe = encode_traces(
+        tokenizer,
+        marker_id,
+        [
+            (t.problem.question, t.steps)
+            for p in world.sample_problems(50, cfg.seed + 7, "x")
+            for t in clean.sample_traces(p, 1)
+        ],
+        fmt,
+    )
     per_trace = np.mean([len(x) for x in probe])
     batch = 32
     steps = max(1, int(cfg.pretrain_tokens / (per_trace * batch)))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
     problems = world.sample_problems(steps * batch, cfg.seed + 1000, "pre")
     t0 = time.perf_counter()
     for s in range(steps):
         chunk = problems[s * batch : (s + 1) * batch]
-        ids = encode_traces(tokenizer, marker_id, [(p.question, clean.sample_traces(p, 1)[0].steps) for p in chunk], fmt)
+        ids = encode_traces(
+            tokenizer, marker_id, [(p.question, clean.sample_traces(p, 1)[0].steps) for p in chunk], fmt
+        )
         x, mask = pad_batch(ids, tokenizer.pad_token_id)
         x, mask = x.to(device), mask.to(device)
         labels = x.masked_fill(mask == 0, -100)
@@ -86,8 +110,14 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
     backbone.save_pretrained(out / "backbone")
     tokenizer.save_pretrained(out / "backbone")
     n_params = sum(p.numel() for p in backbone.parameters())
-    how = f"from {cfg.backbone}" if cfg.backbone else f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces"
-    log(f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) {how} ({time.perf_counter() - t0:.0f}s)")
+    how = (
+        f"from {cfg.backbone}"
+        if cfg.backbone
+        else f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces"
+    )
+    log(
+        f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) {how} ({time.perf_counter() - t0:.0f}s)"
+    )
     return backbone, tokenizer, eff
 
 
@@ -97,15 +127,34 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
     from ..train import TrainConfig, train
 
     t0 = time.perf_counter()
-    tc = TrainConfig(model=str(out / "backbone"), data=str(out / "train_counts.jsonl"), output_dir=str(out / name), objective=objective,
-                     learning_rate=eff.prm_lr, global_batch_size=eff.prm_batch, per_device_batch_size=eff.prm_batch, max_steps=eff.prm_steps,
-                     logging_steps=max(1, eff.prm_steps // 40), save_steps=10**9, save_total_limit=1, max_length=512, use_cpu=device == "cpu", precision="fp32",
-                     seed=seed, aux_lm_weight=eff.aux_lm_weight, marker_repeat=eff.marker_repeat, head_lr_multiplier=eff.head_lr_multiplier,
-                     kappa_detach=eff.kappa_detach and objective == "beta-binomial", group_by_length=eff.group_by_length,
-                     overwrite_output_dir=True)  # the demo rewrites everything under --out
+    tc = TrainConfig(
+        model=str(out / "backbone"),
+        data=str(out / "train_counts.jsonl"),
+        output_dir=str(out / name),
+        objective=objective,
+        learning_rate=eff.prm_lr,
+        global_batch_size=eff.prm_batch,
+        per_device_batch_size=eff.prm_batch,
+        max_steps=eff.prm_steps,
+        logging_steps=max(1, eff.prm_steps // 40),
+        save_steps=10**9,
+        save_total_limit=1,
+        max_length=512,
+        use_cpu=device == "cpu",
+        precision="fp32",
+        seed=seed,
+        aux_lm_weight=eff.aux_lm_weight,
+        marker_repeat=eff.marker_repeat,
+        head_lr_multiplier=eff.head_lr_multiplier,
+        kappa_detach=eff.kappa_detach and objective == "beta-binomial",
+        group_by_length=eff.group_by_length,
+        overwrite_output_dir=True,
+    )  # the demo rewrites everything under --out
     prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True, callbacks=callbacks)
     last = [h for h in trainer.state.log_history if "loss" in h][-1]
-    log(f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)")
+    log(
+        f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)"
+    )
     return prm.eval(), trainer.state.log_history
 
 
@@ -150,7 +199,9 @@ def train_prms(eff, out, seed, device, log, traces):
     if not (eff.parallel_prms and (device == "cuda" or threads >= 2)):
         seconds = 0.0
         for name, objective in PRM_JOBS:
-            models[name], histories[name], scores[name], sec = train_and_score(eff, out, name, objective, seed, device, traces, log)
+            models[name], histories[name], scores[name], sec = train_and_score(
+                eff, out, name, objective, seed, device, traces, log
+            )
             seconds += sec
         log(f"scored {2 * len(traces)} candidates ({seconds:.0f}s)")
         return models, histories, scores
@@ -163,19 +214,34 @@ def train_prms(eff, out, seed, device, log, traces):
     t0 = time.perf_counter()
     split = [max(1, (threads + 1) // 2), max(1, threads // 2)]  # an odd thread count: one more for the first
     with ProcessPoolExecutor(len(PRM_JOBS), mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [ex.submit(_train_and_score_job, eff, str(out), name, objective, seed, device, traces, n) for (name, objective), n in zip(PRM_JOBS, split)]
+        futures = [
+            ex.submit(_train_and_score_job, eff, str(out), name, objective, seed, device, traces, n)
+            for (name, objective), n in zip(PRM_JOBS, split)
+        ]
         wait(futures, return_when=FIRST_EXCEPTION)
         for (name, _), f in zip(PRM_JOBS, futures):
             if f.done() and f.exception() is not None:
-                # Do not wait for the other PRM's training (an hour with --long) to see this.
+                # Do not wait for the other PRM's training (long with --long) to see this.
                 for proc in list((getattr(ex, "_processes", None) or {}).values()):
                     proc.terminate()
-                raise RuntimeError(f"training the {name} PRM failed in its worker process ({type(f.exception()).__name__}: {f.exception()}); "
-                                   "--no-parallel-prms trains in this process, with the full traceback") from f.exception()
+                raise RuntimeError(
+                    f"training the {name} PRM failed in its worker process ({type(f.exception()).__name__}: {f.exception()}); "
+                    "--no-parallel-prms trains in this process, with the full traceback"
+                ) from f.exception()
         done = [f.result() for f in futures]
     for (name, _), (line, history, sc, _) in zip(PRM_JOBS, done):
         log(line)
-        models[name], histories[name], scores[name] = BetaPRM.from_pretrained(out / name, device=device).eval(), history, sc
-    each = "on one GPU" if device == "cuda" else f"{split[0]}{'' if split[0] == split[1] else ' and ' + str(split[1])} thread{'s' * (split[0] > 1)} each"
-    log(f"scored {2 * len(traces)} candidates ({max(d[3] for d in done):.0f}s; the two PRMs trained and scored at the same time, {each}: {time.perf_counter() - t0:.0f}s in all)")
+        models[name], histories[name], scores[name] = (
+            BetaPRM.from_pretrained(out / name, device=device).eval(),
+            history,
+            sc,
+        )
+    each = (
+        "on one GPU"
+        if device == "cuda"
+        else f"{split[0]}{'' if split[0] == split[1] else ' and ' + str(split[1])} thread{'s' * (split[0] > 1)} each"
+    )
+    log(
+        f"scored {2 * len(traces)} candidates ({max(d[3] for d in done):.0f}s; the two PRMs trained and scored at the same time, {each}: {time.perf_counter() - t0:.0f}s in all)"
+    )
     return models, histories, scores

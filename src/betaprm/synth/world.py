@@ -61,7 +61,9 @@ class WorldConfig:
     min_ops: int = 4
     max_ops: int = 8
     op_probs: dict = field(default_factory=lambda: {"+": 0.40, "*": 0.40, "?": 0.20})
-    error_rates: dict = field(default_factory=lambda: {"easy": {"+": 0.03, "*": 0.08, "?": 0.05}, "hard": {"+": 0.10, "*": 0.25, "?": 0.30}})
+    error_rates: dict = field(
+        default_factory=lambda: {"easy": {"+": 0.03, "*": 0.08, "?": 0.05}, "hard": {"+": 0.10, "*": 0.25, "?": 0.30}}
+    )
     near_miss: float = 0.6
     p_hard: float = 0.5
     p_visible: float = 0.25
@@ -73,18 +75,31 @@ class WorldConfig:
         if not (_is_int(self.modulus) and 4 <= self.modulus <= MAX_MODULUS):
             p.append(f"modulus must be an integer in [4, {MAX_MODULUS}], got {_show(self.modulus)}")
         if not (_is_int(self.min_ops) and _is_int(self.max_ops) and 1 <= self.min_ops <= self.max_ops <= MAX_OPS):
-            p.append(f"need 1 <= min_ops <= max_ops <= {MAX_OPS} (integers), got {_show(self.min_ops)}, {_show(self.max_ops)}")
+            p.append(
+                f"need 1 <= min_ops <= max_ops <= {MAX_OPS} (integers), got {_show(self.min_ops)}, {_show(self.max_ops)}"
+            )
         if not (_prob_table(self.op_probs) and abs(sum(self.op_probs.values()) - 1) <= 1e-9):
-            p.append(f"op_probs must be an object giving probabilities summing to 1 for exactly {list(OPS)}, got {_show(self.op_probs)}")
-        if not (isinstance(self.error_rates, dict) and set(self.error_rates) == set(LEVELS)
-                and all(_prob_table(v) and all(x < 1 for x in v.values()) for v in self.error_rates.values())):
-            p.append(f"error_rates must map easy and hard to a rate in [0, 1) for each of {list(OPS)}, got {_show(self.error_rates)}")
+            p.append(
+                f"op_probs must be an object giving probabilities summing to 1 for exactly {list(OPS)}, got {_show(self.op_probs)}"
+            )
+        if not (
+            isinstance(self.error_rates, dict)
+            and set(self.error_rates) == set(LEVELS)
+            and all(_prob_table(v) and all(x < 1 for x in v.values()) for v in self.error_rates.values())
+        ):
+            p.append(
+                f"error_rates must map easy and hard to a rate in [0, 1) for each of {list(OPS)}, got {_show(self.error_rates)}"
+            )
         for name in ("near_miss", "p_hard", "p_visible"):
             if not _is_prob(getattr(self, name)):
                 p.append(f"{name} must be a number in [0, 1], got {_show(getattr(self, name))}")
         if not (_is_int(self.mc_n) and 1 <= self.mc_n <= 2**24):
             p.append(f"mc_n must be an integer in [1, 2**24], got {_show(self.mc_n)}")
-        if not (isinstance(self.connectives, list) and self.connectives and all(isinstance(c, str) and c.strip() and not re.search(r"\d", c) for c in self.connectives)):
+        if not (
+            isinstance(self.connectives, list)
+            and self.connectives
+            and all(isinstance(c, str) and c.strip() and not re.search(r"\d", c) for c in self.connectives)
+        ):
             p.append(f"connectives must be a non-empty list of words without digits, got {_show(self.connectives)}")
         if p:
             raise BetaPRMInputError("bad world config: " + "; ".join(p))
@@ -180,7 +195,9 @@ def parse_value(step: str) -> int:
     """The value a step wrote: the integer at its end ("so 3 + 4 = 7", "answer 7")."""
     m = _LAST_INT.search(step)
     if m is None:
-        raise BetaPRMInputError(f"cannot read a value from the step {step!r}; chain-arithmetic steps end with the value they write")
+        raise BetaPRMInputError(
+            f"cannot read a value from the step {step!r}; chain-arithmetic steps end with the value they write"
+        )
     return int(m.group(1))
 
 
@@ -226,7 +243,9 @@ class World:
         rng = np.random.default_rng(seed)
         return [self.sample_problem(rng, f"{prefix}{i}") for i in range(n)]
 
-    def sample_errors(self, problem: Problem, s: int, n: int, rng: np.random.Generator, boost: float = 1.0) -> np.ndarray:
+    def sample_errors(
+        self, problem: Problem, s: int, n: int, rng: np.random.Generator, boost: float = 1.0
+    ) -> np.ndarray:
         """n error offsets for op s. ``boost`` multiplies the error rate of verifiable
         steps (+ and *) only: it enriches training traces with errors a PRM can see
         (1.0 is the world's policy; 0.0 gives error-free verifiable steps)."""
@@ -241,7 +260,9 @@ class World:
             ker[0] = 1 - e
         return rng.choice(self.M, size=n, p=ker)
 
-    def continue_values(self, problem: Problem, prefix_values: Sequence[int], n: int, rng: np.random.Generator, boost: float = 1.0) -> np.ndarray:
+    def continue_values(
+        self, problem: Problem, prefix_values: Sequence[int], n: int, rng: np.random.Generator, boost: float = 1.0
+    ) -> np.ndarray:
         """(n, T - k) written values continuing from the k values already written."""
         k = len(prefix_values)
         v = np.full(n, prefix_values[-1] if k else problem.start, dtype=np.int64)
@@ -345,7 +366,9 @@ class World:
             prev = w
             yield post
 
-    def bayes_belief(self, problem: Problem, values: Sequence[int], table: np.ndarray | None = None, check_mod: int | None = None):
+    def bayes_belief(
+        self, problem: Problem, values: Sequence[int], table: np.ndarray | None = None, check_mod: int | None = None
+    ):
         """Mean and variance of q_t under the Bayes posterior, per step; for a full trace
         (T values) the answer step repeats step T: (T+1,) each. ``check_mod``: see
         ``_posteriors`` (the belief of an observer with a partial step check)."""
@@ -361,7 +384,9 @@ class World:
             vars_.append(vars_[-1])
         return np.array(means), np.array(vars_)
 
-    def bayes_summary(self, problem: Problem, values: Sequence[int], level: float = 0.9, table: np.ndarray | None = None):
+    def bayes_summary(
+        self, problem: Problem, values: Sequence[int], level: float = 0.9, table: np.ndarray | None = None
+    ):
         """Per step: mean and variance of q under the Bayes posterior and the central
         ``level`` interval of that (discrete) posterior; (T+1,) arrays for a full trace."""
         P = self.q_table(problem) if table is None else table
