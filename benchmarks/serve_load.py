@@ -220,12 +220,15 @@ def main(argv=None):
         "max_wait_ms": args.max_wait_ms,
     }
     print(
-        "| offline traces/s | served traces/s | served / offline | p50 ms | p99 ms | mean traces per scoring call | lost | failed or wrong | twice |"
+        "| offline traces/s | served traces/s | served / offline | p50 ms | p99 ms | mean traces per scoring call | "
+        "lost | failed or wrong | twice |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     print(
-        f"| {res['offline_traces_per_s']:.1f} | {res['served_traces_per_s']:.1f} | {res['ratio']:.2f} | {res['latency_ms_p50']:.0f} | {res['latency_ms_p99']:.0f} "
-        f"| {res['mean_traces_per_batch']:.1f} | {res['not_answered']} | {res['failed_or_wrong']} | {res['answered_twice']} |"
+        f"| {res['offline_traces_per_s']:.1f} | {res['served_traces_per_s']:.1f} | {res['ratio']:.2f} | "
+        f"{res['latency_ms_p50']:.0f} | {res['latency_ms_p99']:.0f} "
+        f"| {res['mean_traces_per_batch']:.1f} | {res['not_answered']} | {res['failed_or_wrong']} | "
+        f"{res['answered_twice']} |"
     )
     if bad:
         print("first failures:", bad[:3])

@@ -107,8 +107,10 @@ def eval_every_callback(every, metrics, res, out, t0):
             res["curve"].append(point)
             (out / "probe.json").write_text(json.dumps({**res, "finished": False}, indent=2) + "\n")
             print(
-                f"  step {point['step']}: within AUROC {point['within_problem_auroc']:.3f}, first-error odd {point.get('first_error_auroc_odd', float('nan')):.3f}, "
-                f"even {point.get('first_error_auroc_even', float('nan')):.3f}, mu MAE {point['mu_mae_bayes']:.3f} ({point['seconds']:.0f}s)",
+                f"  step {point['step']}: within AUROC {point['within_problem_auroc']:.3f}, first-error odd "
+                f"{point.get('first_error_auroc_odd', float('nan')):.3f}, "
+                f"even {point.get('first_error_auroc_even', float('nan')):.3f}, mu MAE {point['mu_mae_bayes']:.3f} "
+                f"({point['seconds']:.0f}s)",
                 flush=True,
             )
 
@@ -125,7 +127,10 @@ def main(argv=None):
         "--eval-every",
         type=int,
         default=0,
-        help="also measure the PRM every this many optimiser steps (the curve in probe.json, rewritten at each point, so a run cut short keeps it; 0: only at the end)",
+        help=(
+            "also measure the PRM every this many optimiser steps (the curve in probe.json, rewritten at each point, "
+            "so a run cut short keeps it; 0: only at the end)"
+        ),
     )
     skip = {
         "out",
@@ -229,12 +234,14 @@ def main(argv=None):
     (out / "probe.json").write_text(json.dumps(res, indent=2) + "\n")
     b = res["backbone_surprise_first_error_auroc"]
     print(
-        f"backbone surprise, first-error AUROC: odd {b.get('odd', float('nan')):.3f} (n={b['n_odd']}), even {b.get('even', float('nan')):.3f} (n={b['n_even']})"
+        f"backbone surprise, first-error AUROC: odd {b.get('odd', float('nan')):.3f} (n={b['n_odd']}), even "
+        f"{b.get('even', float('nan')):.3f} (n={b['n_even']})"
     )
     for who in ("prm", "bayes", "parity_check"):
         r = res[who]
         print(
-            f"{who:>12}: within-problem AUROC {r['within_problem_auroc']:.3f}, first-error AUROC odd {r.get('first_error_auroc_odd', float('nan')):.3f}, "
+            f"{who:>12}: within-problem AUROC {r['within_problem_auroc']:.3f}, first-error AUROC odd "
+            f"{r.get('first_error_auroc_odd', float('nan')):.3f}, "
             f"even {r.get('first_error_auroc_even', float('nan')):.3f}"
             + (f", mu MAE vs Bayes {r['mu_mae_bayes']:.3f}" if "mu_mae_bayes" in r else "")
         )

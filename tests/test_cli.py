@@ -101,7 +101,8 @@ def test_demo_quick_end_to_end(tmp_path):
     cb = r["calibration"]["betaprm"]
     for key in ("coverage90", "bayes_beta_coverage90", "share_settled"):
         assert 0 <= cb[key] <= 1, key
-    # the best Beta (Bayes mean and kappa*) is narrower than no belief at all, wider than the discrete Bayes belief's interval
+    # the best Beta (Bayes mean and kappa*) is narrower than no belief at all, wider than the discrete Bayes
+    # belief's interval
     assert 0 < cb["bayes_width90"] <= cb["bayes_beta_width90"] + 1e-9 < 1
     assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
     assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]

@@ -190,7 +190,8 @@ def test_concurrent_requests_are_batched_and_answered_in_order(server, prm_dir):
 def test_a_client_killed_mid_request_does_not_disturb_others(server):
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(
-        b'POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"question": '
+        b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"question": '
     )
     s.close()  # gone before its body arrived
     s2 = socket.create_connection(("127.0.0.1", server.port))

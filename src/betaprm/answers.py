@@ -133,7 +133,11 @@ def _worker_main() -> None:
 
 # Runs this file (not the betaprm package, whose import brings torch) and its worker loop.
 # The first sys.path entry is the working directory, where a stray file could shadow a module.
-_BOOT = "import runpy, sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nrunpy.run_path(sys.argv[1])['_worker_main']()"
+_BOOT = (
+    "import runpy, sys\n"
+    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+    "runpy.run_path(sys.argv[1])['_worker_main']()"
+)
 _START_TIMEOUT = 120.0  # seconds a worker may take to import math-verify
 _BATCH = (16, 64)  # pairs per batch sent to a worker: at least, at most
 
@@ -290,7 +294,8 @@ class AnswerChecker:
         if not w.ready:
             _kill_all(self._pool)
             raise RuntimeError(
-                f"an answer-check worker ({sys.executable} running {__file__}) did not start within {_START_TIMEOUT:g} s or exited at start"
+                f"an answer-check worker ({sys.executable} running {__file__}) did not start within "
+                f"{_START_TIMEOUT:g} s or exited at start"
             )
         w.kill()
         self._pool.remove(w)

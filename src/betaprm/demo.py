@@ -130,7 +130,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     log(
-        f"betaprm {_version()} demo ({'quick' if cfg.quick else 'long' if cfg.long else 'default'} run, seed {cfg.seed}, {device}) -> {out}"
+        f"betaprm {_version()} demo ({'quick' if cfg.quick else 'long' if cfg.long else 'default'} run, seed "
+        f"{cfg.seed}, {device}) -> {out}"
     )
 
     # 1. data
@@ -142,7 +143,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     n_steps = sum(len(r["steps"]) for r in data.train_records)
     log(
         f"data: {len(data.train_records)} training traces ({n_steps} labelled steps, K of {world_cfg.mc_n}), "
-        f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} ({time.perf_counter() - t0:.0f}s)"
+        f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} "
+        f"({time.perf_counter() - t0:.0f}s)"
     )
 
     # 2. tokenizer and pretrained backbone
@@ -229,6 +231,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
 
     log("\n" + format_results(results))
     log(
-        f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s"
+        f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, "
+        f"best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s"
     )
     return results

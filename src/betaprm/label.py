@@ -49,7 +49,8 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
         source = r.get("source")
         if source is not None and not isinstance(source, str):
             raise BetaPRMInputError(
-                f"{where}: field 'source' must be a string, got {type(source).__name__}; fix: write the subset name as a string"
+                f"{where}: field 'source' must be a string, got {type(source).__name__}; fix: write the subset name "
+                "as a string"
             )
         if "steps" in r:
             traces = [(rid, "steps", r["steps"])]
@@ -58,12 +59,14 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
             for j, c in enumerate(r["candidates"]):
                 if not isinstance(c, dict):
                     raise BetaPRMInputError(
-                        f"{where}: field 'candidates[{j}]' must be an object {{\"steps\": [...]}}, got {type(c).__name__}"
+                        f"{where}: field 'candidates[{j}]' must be an object {{\"steps\": [...]}}, got "
+                        f"{type(c).__name__}"
                     )
                 traces.append((f"{rid}/{j}", f"candidates[{j}].steps", c.get("steps")))
         else:
             raise BetaPRMInputError(
-                f"{where}: neither 'steps' nor a non-empty 'candidates' list is present; fix: give the trace's steps or candidates with steps"
+                f"{where}: neither 'steps' nor a non-empty 'candidates' list is present; fix: give the trace's steps "
+                "or candidates with steps"
             )
         for tid, field_name, steps in traces:
             if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
@@ -73,7 +76,8 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
             if any(marker in s for s in steps):
                 k = next(k for k, s in enumerate(steps) if marker in s)
                 raise BetaPRMInputError(
-                    f"{where}: field '{field_name}[{k}]' contains the marker text {marker!r}; fix: remove it (records holding it cannot be trained on)"
+                    f"{where}: field '{field_name}[{k}]' contains the marker text {marker!r}; fix: remove it "
+                    "(records holding it cannot be trained on)"
                 )
             if tid in seen:
                 raise BetaPRMInputError(f"{where}: id {tid!r} appears twice; ids must be unique")

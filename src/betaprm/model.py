@@ -234,7 +234,8 @@ class BetaPRM(nn.Module):
             vision = is_vision_config(backbone.config)
             if vision and processor is None:
                 raise BetaPRMInputError(
-                    "from_backbone got a vision-language model instance but no processor; pass processor= (its image processor and tokenizer)"
+                    "from_backbone got a vision-language model instance but no processor; pass processor= (its image "
+                    "processor and tokenizer)"
                 )
             if tokenizer is None:
                 tokenizer = processor.tokenizer if processor is not None else None
@@ -421,7 +422,8 @@ class BetaPRM(nn.Module):
             ) from None
         if not isinstance(raw, dict):
             raise BetaPRMInputError(
-                f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save it with save_pretrained, or re-train"
+                f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save "
+                "it with save_pretrained, or re-train"
             )
         known = set(BetaPRMConfig.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
@@ -501,7 +503,8 @@ def load_prm(path, device, trust_remote_code: bool = False) -> tuple[BetaPRM, st
             )
             if objective is None:
                 raise BetaPRMInputError(
-                    f"{summary}: no config.objective in this training summary; restore the file written by betaprm train"
+                    f"{summary}: no config.objective in this training summary; restore the file written by betaprm "
+                    "train"
                 )
         return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
     prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)

@@ -86,7 +86,10 @@ def max_positions(prm) -> int | None:
 TRUNCATE_MODES = ("error", "steps")
 
 
-TRUNCATE_HINT = "pass --truncate steps to score the whole steps that fit (the others get no score), or use a model with more positions"
+TRUNCATE_HINT = (
+    "pass --truncate steps to score the whole steps that fit (the others get no score), or use a model with more "
+    "positions"
+)
 
 
 def fit_traces(
@@ -125,7 +128,8 @@ def fit_traces(
         cut, n = fit_to_length(ids, marker, limit, rep)
         if n == 0:
             raise BetaPRMInputError(
-                f"{name}: not even its first step fits in the model's {limit} positions ({len(ids)} tokens); shorten the question or use a model with more positions"
+                f"{name}: not even its first step fits in the model's {limit} positions ({len(ids)} tokens); shorten "
+                "the question or use a model with more positions"
             )
         out_ids.append(cut)
         kept.append(n)
@@ -295,7 +299,8 @@ def score_pool_file(
             if getattr(prm, "processor", None) is None:
                 if any(t[2] for t in traces):
                     raise BetaPRMInputError(
-                        f"{input_path}: pools with images need a vision-language BetaPRM; {type(prm.backbone).__name__} is text-only"
+                        f"{input_path}: pools with images need a vision-language BetaPRM; "
+                        f"{type(prm.backbone).__name__} is text-only"
                     )
                 traces = [t[:2] for t in traces]
             names = [
@@ -360,5 +365,8 @@ class PRMScorer:
             batch_size=self.batch_size,
             max_batch_tokens=self.max_batch_tokens,
             names=names,
-            hint="ACA needs every step scored: use a PRM with more positions, or a lower --max-new-tokens for the policy",
+            hint=(
+                "ACA needs every step scored: use a PRM with more positions, or a lower --max-new-tokens for the "
+                "policy"
+            ),
         )

@@ -252,14 +252,16 @@ def create_app(prm, settings: ServeSettings | None = None):
         if len(traces) > settings.max_items:
             raise RequestError(
                 413,
-                f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per request",
+                f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per "
+                "request",
             )
         marker = prm.config.marker
         for name, (q, steps) in zip(names, traces):
             if marker in q or any(marker in x for x in steps):
                 raise RequestError(
                     400,
-                    f"{name} contains the marker text {marker!r}, which would add a scoring position that belongs to no step; remove it",
+                    f"{name} contains the marker text {marker!r}, which would add a scoring position that belongs to "
+                    "no step; remove it",
                 )
 
     @app.get("/health")

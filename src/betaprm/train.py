@@ -49,7 +49,8 @@ class TrainConfig:
     )
     aux_lm_weight: float = _f(
         0.0,
-        "weight of an auxiliary next-token loss on the trace text (keeps a small backbone's pretrained skills; costs full-vocabulary logits)",
+        "weight of an auxiliary next-token loss on the trace text (keeps a small backbone's pretrained skills; costs "
+        "full-vocabulary logits)",
     )
     learning_rate: float = _f(1e-5, "peak learning rate of the backbone")
     head_lr_multiplier: float = _f(10.0, "the kappa head's learning rate is this times learning_rate")
@@ -75,7 +76,8 @@ class TrainConfig:
     save_total_limit: int = _f(2, "keep at most this many checkpoints")
     plots: str | None = _f(
         None,
-        "write kappa_dynamics.png (kappa mean and 90th percentile over training, the paper's figure 4) into this folder",
+        "write kappa_dynamics.png (kappa mean and 90th percentile over training, the paper's figure 4) into this "
+        "folder",
     )
     report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
     seed: int = _f(42, "random seed (model init, data order)")
@@ -84,7 +86,8 @@ class TrainConfig:
     )
     overwrite_output_dir: bool = _f(
         False,
-        "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model files overwritten (without this flag such a directory is refused, unless resuming)",
+        "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model "
+        "files overwritten (without this flag such a directory is refused, unless resuming)",
     )
     on_error: str = _f("fail", "fail: stop on any bad record; skip: leave bad records out (see --rejects)")
     rejects: str | None = _f(None, "where skipped records go (default: OUTPUT_DIR/rejects.jsonl)")
@@ -94,11 +97,13 @@ class TrainConfig:
     kappa_min: float = _f(1e-3, "lower bound added to softplus")
     train_vision: bool = _f(
         False,
-        "vision-language backbones: also train the vision encoder (by default it is frozen; the projector and language model train)",
+        "vision-language backbones: also train the vision encoder (by default it is frozen; the projector and "
+        "language model train)",
     )
     kappa_detach: bool = _f(
         False,
-        "beta-binomial: stop the kappa head's gradient at the backbone, so the backbone is shaped by mu alone and kappa reads its features",
+        "beta-binomial: stop the kappa head's gradient at the backbone, so the backbone is shaped by mu alone and "
+        "kappa reads its features",
     )
     chat_template: bool = _f(False, "wrap traces in the tokenizer's chat template (assistant turn)")
     marker_repeat: int = _f(1, "markers written after each step, scores read at the last (1: the paper's layout)")
@@ -106,7 +111,8 @@ class TrainConfig:
     dataloader_num_workers: int = _f(0, "data loader worker processes")
     group_by_length: bool = _f(
         False,
-        "draw each batch from traces of similar length (shuffled groups, the Trainer's LengthGroupedSampler): less padding, faster steps; the batches' mix of lengths changes",
+        "draw each batch from traces of similar length (shuffled groups, the Trainer's LengthGroupedSampler): less "
+        "padding, faster steps; the batches' mix of lengths changes",
     )
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
     ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
@@ -396,7 +402,8 @@ def load_or_create(cfg: TrainConfig):
         path.is_absolute() or cfg.model.startswith(".") or cfg.model.count("/") > 1 or "\\" in cfg.model
     ):
         raise BetaPRMInputError(
-            f"--model {cfg.model}: no such directory; give a causal-LM directory, a BetaPRM checkpoint or a Hugging Face hub id"
+            f"--model {cfg.model}: no such directory; give a causal-LM directory, a BetaPRM checkpoint or a Hugging "
+            "Face hub id"
         )
     try:
         return BetaPRM.from_backbone(
@@ -412,7 +419,8 @@ def load_or_create(cfg: TrainConfig):
     except (OSError, SafetensorError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BetaPRMInputError(
-            f"--model {cfg.model}: cannot load a model ({reason}); give a causal-LM directory (config.json, weights, tokenizer), a BetaPRM checkpoint, or a Hugging Face hub id you can reach"
+            f"--model {cfg.model}: cannot load a model ({reason}); give a causal-LM directory (config.json, weights, "
+            "tokenizer), a BetaPRM checkpoint, or a Hugging Face hub id you can reach"
         ) from None
 
 
@@ -523,7 +531,8 @@ def _refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
     if not cfg.overwrite_output_dir:
         shown = ", ".join(used[:4]) + (f" and {len(used) - 4} more" if len(used) > 4 else "")
         raise BetaPRMInputError(
-            f"--output-dir {out} is not empty ({shown}): a new run there would delete the earlier run's checkpoints and overwrite "
+            f"--output-dir {out} is not empty ({shown}): a new run there would delete the earlier run's checkpoints "
+            "and overwrite "
             "its model. Continue that run with --resume-from-checkpoint last, choose another --output-dir, or pass "
             "--overwrite-output-dir to start anew there"
         )
@@ -548,7 +557,8 @@ def _check_resume(resume: str, record: dict, say=logger.warning) -> None:
     path = Path(resume) / RUN_NAME
     if not path.is_file():
         say(
-            f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without checking data and hyperparameters"
+            f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without "
+            "checking data and hyperparameters"
         )
         return
     try:
@@ -568,7 +578,8 @@ def _check_resume(resume: str, record: dict, say=logger.warning) -> None:
         raise BetaPRMInputError(
             f"--resume-from-checkpoint {resume}: the checkpoint's run had other settings (recorded in {path}):\n  "
             + "\n  ".join(diff)
-            + "\nresume with the checkpoint's settings, or start a new run in another --output-dir (or here with --overwrite-output-dir, "
+            + "\nresume with the checkpoint's settings, or start a new run in another --output-dir (or here with "
+            "--overwrite-output-dir, "
             "which deletes these checkpoints)"
         )
 
@@ -635,14 +646,16 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     prm = load_or_create(cfg)
     if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
         raise BetaPRMInputError(
-            f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); {cfg.model} is text-only"
+            f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); "
+            f"{cfg.model} is text-only"
         )
     if getattr(prm, "processor", None) is not None:
         from .vision import freeze_vision
 
         n_frozen = freeze_vision(prm.backbone, cfg.train_vision)
         say(
-            f"vision-language backbone: {'vision encoder trains too' if cfg.train_vision else f'vision encoder frozen ({n_frozen} tensors)'}"
+            "vision-language backbone: "
+            f"{'vision encoder trains too' if cfg.train_vision else f'vision encoder frozen ({n_frozen} tensors)'}"
         )
     if cfg.objective != "beta-binomial":
         # The standard PRM has no reliability channel: keep kappa at its initial value
@@ -651,7 +664,8 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     if cfg.lora_r > 0:
         if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" or os.environ.get("ACCELERATE_USE_FSDP") == "true":
             raise BetaPRMInputError(
-                "--lora-r with DeepSpeed or FSDP is not supported yet (the adapters could not be merged into sharded weights); use one or the other"
+                "--lora-r with DeepSpeed or FSDP is not supported yet (the adapters could not be merged into sharded "
+                "weights); use one or the other"
             )
         apply_lora(prm, cfg)
     if cfg.gradient_checkpointing:

@@ -26,7 +26,8 @@ class StepScores:
         self.sigma = np.asarray(self.sigma, dtype=np.float64)
         if not (self.mu.shape == self.kappa.shape == self.sigma.shape) or self.mu.ndim != 1:
             raise ValueError(
-                f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, {self.sigma.shape}"
+                f"mu, kappa, sigma must be 1-D of one length, got {self.mu.shape}, {self.kappa.shape}, "
+                f"{self.sigma.shape}"
             )
 
     @classmethod

@@ -99,7 +99,9 @@ def _typed(cls, values: dict, path: str) -> dict:
             out[k] = float(v)
         else:
             bad.append(
-                f"{k}: expected {'a finite number' if base is float else base.__name__}{' or null' if optional else ''}, got {str(v)[:40]!r} ({type(v).__name__})"
+                f"{k}: expected "
+                f"{'a finite number' if base is float else base.__name__}{' or null' if optional else ''}, got "
+                f"{str(v)[:40]!r} ({type(v).__name__})"
             )
     if bad:
         raise BetaPRMInputError(

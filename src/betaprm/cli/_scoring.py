@@ -12,7 +12,9 @@ from ..scoring import DEFAULT_MAX_BATCH_TOKENS, TRUNCATE_MODES
 class BatchOptions:
     max_batch_tokens: int = opt(
         DEFAULT_MAX_BATCH_TOKENS,
-        "padded tokens per PRM forward pass: traces are sorted by length and packed up to this budget, which bounds memory whatever their lengths (lower it if memory runs out). Vision-language PRMs batch --batch-size traces (default 8) instead: an image's token count is known only after its processor has run",
+        "padded tokens per PRM forward pass: traces are sorted by length and packed up to this budget, which bounds "
+        "memory whatever their lengths (lower it if memory runs out). Vision-language PRMs batch --batch-size traces "
+        "(default 8) instead: an image's token count is known only after its processor has run",
     )
     batch_size: int | None = opt(
         None, "at most this many traces per PRM forward pass (default: no cap beyond --max-batch-tokens)"
@@ -31,7 +33,8 @@ class BatchOptions:
 class ScoringOptions(BatchOptions):
     truncate: str = opt(
         "error",
-        "a trace longer than the model's positions: error (stop, naming it) or steps (score the whole steps that fit; the rest get no score). Text PRMs only",
+        "a trace longer than the model's positions: error (stop, naming it) or steps (score the whole steps that "
+        "fit; the rest get no score). Text PRMs only",
     )
 
     def scoring_problems(self) -> list[str]:

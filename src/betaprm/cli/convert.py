@@ -61,7 +61,10 @@ def run(args):
     )
     rejects = args.rejects or str(Path(args.output).with_suffix("")) + ".rejects.jsonl"
     stats = convert_file(args.fmt, args.input, args.output, opts, on_error=args.on_error, rejects=rejects)
-    msg = f"{args.input} ({args.fmt}): {stats['read']} read, {stats['written']} records with {stats['steps']} steps written to {args.output}"
+    msg = (
+        f"{args.input} ({args.fmt}): {stats['read']} read, {stats['written']} records with {stats['steps']} steps "
+        f"written to {args.output}"
+    )
     if stats["rejected"]:
         msg += f", {stats['rejected']} rejected (see {rejects})"
     print(msg)

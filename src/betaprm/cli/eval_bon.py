@@ -43,7 +43,8 @@ class EvalBonConfig(ScoringOptions):
     check_timeout: float = _f(10.0, "math-verify: seconds per check before it counts as failed")
     on_error: str = _f(
         "fail",
-        "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to POOLS.rejects.jsonl and count it in the results)",
+        "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to "
+        "POOLS.rejects.jsonl and count it in the results)",
     )
 
     def __post_init__(self):
@@ -132,11 +133,13 @@ def run(args):
         records = loaded.records
         if loaded.n_rejected:
             print(
-                f"{path}: {loaded.n_rejected} bad pool records left out (see {Path(path).with_suffix('')}.rejects.jsonl)"
+                f"{path}: {loaded.n_rejected} bad pool records left out (see "
+                f"{Path(path).with_suffix('')}.rejects.jsonl)"
             )
         if not records:
             raise BetaPRMInputError(
-                f"--pools {path}: holds no usable pool records; fix: give a JSONL file with one pool (id, question, answer, candidates) per line"
+                f"--pools {path}: holds no usable pool records; fix: give a JSONL file with one pool (id, question, "
+                "answer, candidates) per line"
             )
         for r in records:
             if r.get("answer") is None:
@@ -146,7 +149,8 @@ def run(args):
         if not all("mu" in c for r in records for c in r["candidates"]):
             if not cfg.model:
                 raise BetaPRMInputError(
-                    f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)"
+                    f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score "
+                    "first)"
                 )
             prm = prm or _load(cfg)
             _score_in_place(prm, records, cfg, path)
@@ -158,7 +162,8 @@ def run(args):
         res["candidates_truncated"] = sum("steps_scored" in c for r in records for c in r["candidates"])
         if res["candidates_truncated"]:
             print(
-                f"{path}: {res['candidates_truncated']} candidates were scored on the steps that fit the model's positions only "
+                f"{path}: {res['candidates_truncated']} candidates were scored on the steps that fit the model's "
+                "positions only "
                 "(steps_scored); selectors see those steps, so min, last and prod may favour them"
             )
         results[name] = res
@@ -177,7 +182,8 @@ def run(args):
     print("|" + "---|" * (len(names) + 2))
     for s in sel:
         cells = [
-            f"{100 * results[n]['selectors'][s]['acc']:.2f} [{100 * results[n]['selectors'][s]['ci'][0]:.1f}, {100 * results[n]['selectors'][s]['ci'][1]:.1f}]"
+            f"{100 * results[n]['selectors'][s]['acc']:.2f} [{100 * results[n]['selectors'][s]['ci'][0]:.1f}, "
+            f"{100 * results[n]['selectors'][s]['ci'][1]:.1f}]"
             for n in names
         ]
         print(f"| {SELECTORS[s]} | " + " | ".join(cells) + f" | {100 * gains[s]:+.2f} |")
@@ -185,8 +191,8 @@ def run(args):
         r = results[n]
         failed = {s: v["check_failed"] for s, v in r["selectors"].items() if v["check_failed"]}
         print(
-            f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks failed"
-            + (f" (picks left out: {failed})" if failed else "")
+            f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks "
+            "failed" + (f" (picks left out: {failed})" if failed else "")
         )
     out = {
         "benchmarks": results,

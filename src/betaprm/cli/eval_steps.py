@@ -26,7 +26,8 @@ class EvalStepsConfig(ScoringOptions):
     out: str | None = _f(None, "write overall_f1, per_source, threshold and step counts here (JSON)")
     plots: str | None = _f(
         None,
-        "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this folder",
+        "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this "
+        "folder",
     )
     score: str = _f("auto", "step score: auto (mu - lam*sigma for a beta-binomial model, else mu), mu, or mu-sigma")
     lam: float = _f(0.5, "lambda of mu - lambda*sigma")
@@ -106,7 +107,8 @@ def run(args):
     )
     width = max([len("overall (micro-F1)")] + [len(k) for k in res["per_source"]])
     print(
-        f"{cfg.model} ({kind}; step score {res['score']}); threshold {res['threshold']:.4f} chosen on {res['n_val_items']} validation items"
+        f"{cfg.model} ({kind}; step score {res['score']}); threshold {res['threshold']:.4f} chosen on "
+        f"{res['n_val_items']} validation items"
     )
     print(f"| {'subset':<{width}} | F1    |")
     print(f"|{'-' * (width + 2)}|-------|")
@@ -116,7 +118,8 @@ def run(args):
     print(f"{res['n_steps']} annotated test steps (neutral ignored)")
     if res["n_unscored_steps"]:
         print(
-            f"{res['n_unscored_steps']} annotated steps lay beyond the model's positions and were left out (--truncate steps)"
+            f"{res['n_unscored_steps']} annotated steps lay beyond the model's positions and were left out "
+            "(--truncate steps)"
         )
     if cfg.out:
         from ..provenance import write_result

@@ -51,7 +51,8 @@ class LabelConfig(BackendOptions):
             bad.append(f"--n must be >= 1, got {self.n}")
         if self.backend == "synth" and self.input:
             bad.append(
-                "--backend synth labels chain-arithmetic traces it samples itself; give --backend transformers/openai/vllm for --input"
+                "--backend synth labels chain-arithmetic traces it samples itself; give --backend "
+                "transformers/openai/vllm for --input"
             )
         if self.backend != "synth" and not self.input:
             bad.append(f"--backend {self.backend} needs --input (the traces to label)")
@@ -145,7 +146,10 @@ def _run(cfg):
     s = label_traces(items, generator, cfg.n, answer_of, check_many, cfg.out, failed, seed=cfg.seed, chunk=cfg.chunk)
     if cfg.backend != "synth":
         checker.close()  # stops math-verify's worker processes (on an error above, the exit does)
-    msg = f"{s['traces']} traces: {s['already_done']} already done, {s['labelled']} labelled into {cfg.out}, {s['tokens']} tokens generated"
+    msg = (
+        f"{s['traces']} traces: {s['already_done']} already done, {s['labelled']} labelled into {cfg.out}, "
+        f"{s['tokens']} tokens generated"
+    )
     if s["failed_checks"]:
         msg += f"; {s['failed_checks']} answer checks failed (kept in mc_failed, left out of N)"
     if s["failed_traces"]:

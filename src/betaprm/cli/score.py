@@ -93,7 +93,10 @@ def run(args):
             on_error=cfg.on_error,
             rejects=rejects,
         )
-    msg = f"{cfg.input}: {s['records']} pools, {s['already_done']} already in {cfg.output}, {s['scored']} scored ({s['candidates']} candidates)"
+    msg = (
+        f"{cfg.input}: {s['records']} pools, {s['already_done']} already in {cfg.output}, {s['scored']} scored "
+        f"({s['candidates']} candidates)"
+    )
     if s["rejected"]:
         msg += f", {s['rejected']} rejected (see {rejects})"
     print(msg)

@@ -115,7 +115,8 @@ def from_math_shepherd(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
     if len(label) != len(text) - n_tags:
         raise ConversionError(
             "label",
-            f"has length {len(label)}, expected {len(text) - n_tags} (input with each 2-character tag as 1 label character)",
+            f"has length {len(label)}, expected {len(text) - n_tags} (input with each 2-character tag as 1 label "
+            "character)",
             "label must be input with every tag replaced by + or -",
         )
     labels, pos = [], 0
@@ -351,7 +352,8 @@ def convert_file(
     if bad and on_error == "fail":
         shown = "\n  ".join(p.render(str(src)) for _, ps, _, _ in bad[:30] for p in ps)
         raise BetaPRMInputError(
-            f"{src}: {len(bad)} of {n_in} records cannot be converted:\n  {shown}\nFix them, or pass --on-error skip to leave them out (written to a rejects file)."
+            f"{src}: {len(bad)} of {n_in} records cannot be converted:\n  {shown}\nFix them, or pass --on-error skip "
+            "to leave them out (written to a rejects file)."
         )
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
     with open(output_path, "w", encoding="utf-8") as f:

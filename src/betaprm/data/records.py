@@ -259,7 +259,8 @@ def _check_counts(obj, line, n_steps, problems):
                     line,
                     f"mc_total[{i}]",
                     f"N = {short_repr(nn)} is above {MAX_COUNT:,} (2**24)",
-                    'use N <= 16,777,216: float32 training would round larger counts; scale K and N down together (fractional K needs "soft": true)',
+                    "use N <= 16,777,216: float32 training would round larger counts; scale K and N down together "
+                    '(fractional K needs "soft": true)',
                 )
             )
             ok = False
@@ -269,7 +270,8 @@ def _check_counts(obj, line, n_steps, problems):
                     line,
                     f"mc_correct[{i}]",
                     f"K must be an integer count, got {short_repr(kk)}",
-                    'write K as a whole number; for soft labels store K = p*N and set "soft": true (what `betaprm convert --from trl --soft-n N` writes)',
+                    'write K as a whole number; for soft labels store K = p*N and set "soft": true (what `betaprm '
+                    "convert --from trl --soft-n N` writes)",
                 )
             )
             ok = False
@@ -604,7 +606,8 @@ def problem_fields(obj: dict, where: str, marker: str | None = None) -> tuple[st
         )
     if not isinstance(question, str) or not question.strip():
         raise BetaPRMInputError(
-            f"{where}: field 'question' must be a non-empty string, got {short_repr(question)}; fix: write the problem text as a string"
+            f"{where}: field 'question' must be a non-empty string, got {short_repr(question)}; fix: write the "
+            "problem text as a string"
         )
     if marker and marker in question:
         raise BetaPRMInputError(
@@ -612,7 +615,8 @@ def problem_fields(obj: dict, where: str, marker: str | None = None) -> tuple[st
         )
     if isinstance(answer, bool) or not (isinstance(answer, str) or _is_number(answer)) or answer == "":
         raise BetaPRMInputError(
-            f"{where}: field 'answer' must be a string or a number, got {short_repr(answer)}; fix: write the reference answer as a string"
+            f"{where}: field 'answer' must be a string or a number, got {short_repr(answer)}; fix: write the "
+            "reference answer as a string"
         )
     return str(rid), question, str(answer)
 
@@ -712,6 +716,7 @@ def validate_file(path, kind: str = "counts", marker: str = "<prm>") -> tuple[Lo
     if kind == "counts" and res.records:
         n_steps = sum(len(r.steps) for r in res.records)
         lines.append(
-            f"  {n_steps} steps; N per step from {min(min(r.mc_total) for r in res.records)} to {max(max(r.mc_total) for r in res.records)}"
+            f"  {n_steps} steps; N per step from {min(min(r.mc_total) for r in res.records)} to "
+            f"{max(max(r.mc_total) for r in res.records)}"
         )
     return res, "\n".join(lines)

@@ -10,7 +10,10 @@ NAMES = {key: label for key, _, _, label in BON_ROWS}
 def markdown_table(rows, headers) -> str:
     """A Markdown table with padded columns."""
     widths = [max(len(str(r[i])) for r in [headers] + rows) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+
+    def line(r):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
 
 
@@ -27,11 +30,13 @@ def format_results(r: dict) -> str:
         f"BetaPRM S_RB - standard PRM: {a['diff']:+.3f} [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] (paired bootstrap)"
     )
     parts.append(
-        f"best BetaPRM selector on validation ({NAMES[b['selector']]}) - majority vote: {b['diff']:+.3f} [{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}]"
+        f"best BetaPRM selector on validation ({NAMES[b['selector']]}) - majority vote: {b['diff']:+.3f} "
+        f"[{b['ci'][0]:+.3f}, {b['ci'][1]:+.3f}]"
     )
     t = r["tuned"]
     parts.append(
-        f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}"
+        f"tuned on validation: S_RB lambda {t['rb']['lambda']}, q {t['rb']['q']} (tau {t['rb']['tau']:.3f}); S_lin "
+        f"lambda {t['lin']['lambda']}; reliability vote lambda {t['reliability_vote_lambda']}"
     )
     v = r["verification"]
     parts.append("\nVerification: within-problem AUROC of the final-step mu (0.5 = no verification)")
@@ -52,12 +57,14 @@ def format_results(r: dict) -> str:
         )
     )
     parts.append(
-        "first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs correct steps;"
+        "first-error AUROC: the drop in logit mu at a verifiable step after an error-free prefix, erroneous vs "
+        "correct steps;"
         " odd / even: errors whose offset changes / keeps the parity of the result"
     )
     if "parity_check_auroc" in v:
         parts.append(
-            f"parity-check observer: the best belief given only the parity of each step's error (mu MAE vs Bayes mean {v['parity_check_mu_mae_bayes']:.3f})"
+            "parity-check observer: the best belief given only the parity of each step's error (mu MAE vs Bayes "
+            f"mean {v['parity_check_mu_mae_bayes']:.3f})"
         )
     for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM")):
         parts.append(
@@ -127,7 +134,8 @@ def format_results(r: dict) -> str:
             if k in a
         ]
         parts.append(
-            f"\nAdaptive Computation Allocation, budget {n}, {r['effective_config']['n_test_problems']} test problems (tokens: generated, all problems)"
+            f"\nAdaptive Computation Allocation, budget {n}, {r['effective_config']['n_test_problems']} test "
+            "problems (tokens: generated, all problems)"
         )
         parts.append(markdown_table(rows, ["method", "accuracy", "95% CI", "tokens", "vs vanilla", "mean pool"]))
     return "\n".join(parts)

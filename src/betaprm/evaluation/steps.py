@@ -60,7 +60,8 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
         if not isinstance(labels, list) or len(labels) != len(steps):
             n = len(labels) if isinstance(labels, list) else type(labels).__name__
             raise BetaPRMInputError(
-                f"{where}: field 'response.process_correctness' must have one label per step ({len(steps)} steps, got {n})"
+                f"{where}: field 'response.process_correctness' must have one label per step ({len(steps)} steps, "
+                f"got {n})"
             )
         bad = [
             j
@@ -70,7 +71,8 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
         if bad:
             seen = short_repr([labels[j] for j in bad][:5], 80)
             raise BetaPRMInputError(
-                f"{where}: field 'response.process_correctness' holds {seen} (first at step {bad[0] + 1}); allowed: 1 (correct), 0 (neutral), -1 (incorrect)"
+                f"{where}: field 'response.process_correctness' holds {seen} (first at step {bad[0] + 1}); allowed: "
+                "1 (correct), 0 (neutral), -1 (incorrect)"
             )
         image = r.get("image", r.get("images"))
         images = [] if image in (None, "", []) else [image] if isinstance(image, str) else image
@@ -134,7 +136,8 @@ def evaluate_steps(
     val, test = split_by_problem(items, val_fraction, seed)
     if not val or not test:
         raise BetaPRMInputError(
-            f"the split by problem left {len(val)} validation and {len(test)} test items; give more problems or change --val-fraction"
+            f"the split by problem left {len(val)} validation and {len(test)} test items; give more problems or "
+            "change --val-fraction"
         )
 
     unscored = sum(sum(lab != 0 for lab in it.labels[len(sc) :]) for it, sc in zip(items, step_scores))
@@ -155,7 +158,8 @@ def evaluate_steps(
         if n == 0:
             raise BetaPRMInputError(
                 f"the {part} part ({len(idx)} items) holds no scored step labelled correct or incorrect (all neutral, "
-                f"or cut off), so {'no threshold can be chosen' if part == 'validation' else 'there is nothing to score'}; "
+                "or cut off), so "
+                f"{'no threshold can be chosen' if part == 'validation' else 'there is nothing to score'}; "
                 "give more annotated problems or change --val-fraction / --seed"
             )
     tau = best_threshold(vs, vy)

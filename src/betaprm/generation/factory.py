@@ -16,13 +16,15 @@ BACKENDS = ("synth", "transformers", "openai", "vllm")
 class BackendOptions:
     backend: str = _f(
         "synth",
-        "synth (the chain-arithmetic policy), transformers (local model), openai (an OpenAI-compatible server: vLLM serve, SGLang, TGI, llama.cpp) or vllm (offline engine, GPU)",
+        "synth (the chain-arithmetic policy), transformers (local model), openai (an OpenAI-compatible server: vLLM "
+        "serve, SGLang, TGI, llama.cpp) or vllm (offline engine, GPU)",
     )
     policy: str = _f("", "transformers/vllm: the policy model directory or hub id; openai: the served model name")
     base_url: str = _f("http://127.0.0.1:8000/v1", "openai: the server's base URL")
     endpoint: str = _f(
         "chat",
-        "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with a rendered prompt)",
+        "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with "
+        "a rendered prompt)",
     )
     api_key_env: str | None = _f(
         None,
@@ -37,13 +39,15 @@ class BackendOptions:
     gen_batch_size: int = _f(8, "transformers: sequences per generate call")
     gen_max_batch_tokens: int = _f(
         16384,
-        "transformers: tokens per generate call at most (sequences x (longest prompt + --max-new-tokens)); long prompts make smaller batches instead of running out of memory",
+        "transformers: tokens per generate call at most (sequences x (longest prompt + --max-new-tokens)); long "
+        "prompts make smaller batches instead of running out of memory",
     )
     split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps")
     continuation: str = _f(
         "prefill",
-        "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)",
+        "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt "
+        "(restate)",
     )
     instruction: str = _f(
         TextFormat.instruction, "text after the question in the user turn (ask for the step layout --split expects)"
@@ -63,13 +67,15 @@ class BackendOptions:
             bad.append(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
         if self.gen_batch_size < 1 or self.gen_max_batch_tokens < 1:
             bad.append(
-                f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and {self.gen_max_batch_tokens}"
+                f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and "
+                f"{self.gen_max_batch_tokens}"
             )
         if self.endpoint not in ("chat", "completions"):
             bad.append(f"--endpoint must be chat or completions, got {self.endpoint!r}")
         if self.api_key_env and self.backend != "openai":
             bad.append(
-                f"--api-key-env is for --backend openai (the only backend that talks HTTP), got --backend {self.backend}"
+                "--api-key-env is for --backend openai (the only backend that talks HTTP), got --backend "
+                f"{self.backend}"
             )
         elif self.api_key_env:
             bad += api_key_problems(self.api_key_env)

@@ -188,7 +188,8 @@ class OpenAIGenerator:
                 continue
             except _TooLarge:
                 raise GenerationError(
-                    f"{url} sent an answer larger than {self.max_response_bytes} bytes; a completion is far smaller, so this is not the server you meant"
+                    f"{url} sent an answer larger than {self.max_response_bytes} bytes; a completion is far smaller, "
+                    "so this is not the server you meant"
                 ) from None
             except (ConnectionRefusedError, socket.gaierror) as e:
                 last = f"cannot connect ({e})"
@@ -198,7 +199,8 @@ class OpenAIGenerator:
                 continue
             if 300 <= status < 400:
                 raise BetaPRMInputError(
-                    f"{url} answered HTTP {status}, a redirect to {location!r}; redirects are not followed (the request and any API key would go "
+                    f"{url} answered HTTP {status}, a redirect to {location!r}; redirects are not followed (the "
+                    "request and any API key would go "
                     f"to another address): give the address you mean to reach as {self.url_flag}"
                 )
             detail = raw[:300].decode(errors="replace")
@@ -207,7 +209,8 @@ class OpenAIGenerator:
                 continue
             if status >= 400:
                 raise GenerationError(
-                    f"{url} refused the request with HTTP {status}: {detail} (check {self.model_flag} {self.model!r}, the served model name, and the sampling settings)"
+                    f"{url} refused the request with HTTP {status}: {detail} (check {self.model_flag} "
+                    f"{self.model!r}, the served model name, and the sampling settings)"
                 )
             try:
                 return json.loads(raw)
@@ -227,7 +230,8 @@ class OpenAIGenerator:
             n_tokens = int(ans["usage"]["completion_tokens"])
         except (KeyError, IndexError, TypeError, ValueError):
             raise GenerationError(
-                f"{self.base_url}{path} answered without choices[0].{'message.content' if self.endpoint == 'chat' else 'text'} "
+                f"{self.base_url}{path} answered without "
+                f"choices[0].{'message.content' if self.endpoint == 'chat' else 'text'} "
                 f"or usage.completion_tokens: {json.dumps(ans)[:300]}"
             ) from None
         return Completion(self.fmt.split_steps(text or ""), n_tokens)

@@ -33,10 +33,12 @@ class TextFormat:
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps, e.g. '\\n(?=Step \\d+:)'")
     continuation: str = _f(
         "prefill",
-        "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt (restate)",
+        "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt "
+        "(restate)",
     )
     instruction: str = _f(
-        "Solve the problem step by step. Separate steps with a blank line and end with a final step 'The answer is \\boxed{ANSWER}'.",
+        "Solve the problem step by step. Separate steps with a blank line and end with a final step 'The answer is "
+        "\\boxed{ANSWER}'.",
         "text added after the question in the user turn",
     )
     restate_header: str = _f(

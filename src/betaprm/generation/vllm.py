@@ -21,7 +21,8 @@ def _require_vllm():
 
     if not torch.cuda.is_available():
         raise GenerationError(
-            "the vllm backend needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); use --backend transformers on CPU"
+            "the vllm backend needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); use "
+            "--backend transformers on CPU"
         )
     return vllm
 

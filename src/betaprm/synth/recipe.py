@@ -19,7 +19,8 @@ class DemoConfig:
     quick: bool = _f(False, "a small run with the same steps (smaller data, backbone and budgets)")
     long: bool = _f(
         False,
-        "the recipe that learns the whole step check: 8x96 backbone, 12,000 problems, 30%% off-by-one training errors, 6,600 steps per PRM (meant for a GPU: --device cuda)",
+        "the recipe that learns the whole step check: 8x96 backbone, 12,000 problems, 30%% off-by-one training "
+        "errors, 6,600 steps per PRM (meant for a GPU: --device cuda)",
     )
     n_train_problems: int | None = _f(None, "training problems (3000; --quick 500, --long 12000)")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
@@ -29,7 +30,8 @@ class DemoConfig:
     )
     train_near_miss: float | None = _f(
         None,
-        "training traces only: share of errors that are off by +-1 (the world's near_miss; --long 0.3); lower puts more errors that keep the result's parity into training",
+        "training traces only: share of errors that are off by +-1 (the world's near_miss; --long 0.3); lower puts "
+        "more errors that keep the result's parity into training",
     )
     n_val_problems: int | None = _f(None, "validation problems, for selector tuning (300; --quick 60)")
     n_test_problems: int | None = _f(None, "test problems, the Best-of-N pools (1000; --quick 150)")
@@ -43,27 +45,33 @@ class DemoConfig:
     prm_lr: float = _f(1e-3, "PRM learning rate")
     head_lr_multiplier: float = _f(
         1.0,
-        "kappa head learning rate / prm_lr (the paper uses 10x at lr 1e-5 on 8B models; at lr 1e-3 on this tiny model 10x lets the kappa path swamp the mu path)",
+        "kappa head learning rate / prm_lr (the paper uses 10x at lr 1e-5 on 8B models; at lr 1e-3 on this tiny "
+        "model 10x lets the kappa path swamp the mu path)",
     )
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     kappa_detach: bool = _f(
         True,
-        "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu shapes it)",
+        "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu "
+        "shapes it)",
     )
     parallel_prms: bool = _f(
         True,
-        "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each (the same PRMs as one after the other with that thread count); on a GPU, sharing it. From Python, call run_demo under if __name__ == '__main__' (the workers are spawned)",
+        "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each "
+        "(the same PRMs as one after the other with that thread count); on a GPU, sharing it. From Python, call "
+        "run_demo under if __name__ == '__main__' (the workers are spawned)",
     )
     group_by_length: bool = _f(
         False,
-        "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, less mixed batches",
+        "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, less "
+        "mixed batches",
     )
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     device: str = _f(
         "cpu",
-        "cpu, cuda or auto (cuda when a GPU is present). On a GPU the same steps run in fp32, with numbers that differ slightly from the CPU's",
+        "cpu, cuda or auto (cuda when a GPU is present). On a GPU the same steps run in fp32, with numbers that "
+        "differ slightly from the CPU's",
     )
     backbone: str | None = _f(
         None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining"

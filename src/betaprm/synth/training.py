@@ -116,7 +116,8 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
         else f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces"
     )
     log(
-        f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) {how} ({time.perf_counter() - t0:.0f}s)"
+        f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary "
+        f"{len(tokenizer)}) {how} ({time.perf_counter() - t0:.0f}s)"
     )
     return backbone, tokenizer, eff
 
@@ -153,7 +154,8 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
     prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True, callbacks=callbacks)
     last = [h for h in trainer.state.log_history if "loss" in h][-1]
     log(
-        f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean {last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)"
+        f"{name} ({objective}): {eff.prm_steps} steps, final loss {last['loss']:.3f}, kappa mean "
+        f"{last['kappa_mean']:.2f} ({time.perf_counter() - t0:.0f}s)"
     )
     return prm.eval(), trainer.state.log_history
 
@@ -225,7 +227,8 @@ def train_prms(eff, out, seed, device, log, traces):
                 for proc in list((getattr(ex, "_processes", None) or {}).values()):
                     proc.terminate()
                 raise RuntimeError(
-                    f"training the {name} PRM failed in its worker process ({type(f.exception()).__name__}: {f.exception()}); "
+                    f"training the {name} PRM failed in its worker process ({type(f.exception()).__name__}: "
+                    f"{f.exception()}); "
                     "--no-parallel-prms trains in this process, with the full traceback"
                 ) from f.exception()
         done = [f.result() for f in futures]
@@ -242,6 +245,7 @@ def train_prms(eff, out, seed, device, log, traces):
         else f"{split[0]}{'' if split[0] == split[1] else ' and ' + str(split[1])} thread{'s' * (split[0] > 1)} each"
     )
     log(
-        f"scored {2 * len(traces)} candidates ({max(d[3] for d in done):.0f}s; the two PRMs trained and scored at the same time, {each}: {time.perf_counter() - t0:.0f}s in all)"
+        f"scored {2 * len(traces)} candidates ({max(d[3] for d in done):.0f}s; the two PRMs trained and scored at "
+        f"the same time, {each}: {time.perf_counter() - t0:.0f}s in all)"
     )
     return models, histories, scores

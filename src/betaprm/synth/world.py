@@ -76,11 +76,13 @@ class WorldConfig:
             p.append(f"modulus must be an integer in [4, {MAX_MODULUS}], got {_show(self.modulus)}")
         if not (_is_int(self.min_ops) and _is_int(self.max_ops) and 1 <= self.min_ops <= self.max_ops <= MAX_OPS):
             p.append(
-                f"need 1 <= min_ops <= max_ops <= {MAX_OPS} (integers), got {_show(self.min_ops)}, {_show(self.max_ops)}"
+                f"need 1 <= min_ops <= max_ops <= {MAX_OPS} (integers), got {_show(self.min_ops)}, "
+                f"{_show(self.max_ops)}"
             )
         if not (_prob_table(self.op_probs) and abs(sum(self.op_probs.values()) - 1) <= 1e-9):
             p.append(
-                f"op_probs must be an object giving probabilities summing to 1 for exactly {list(OPS)}, got {_show(self.op_probs)}"
+                f"op_probs must be an object giving probabilities summing to 1 for exactly {list(OPS)}, got "
+                f"{_show(self.op_probs)}"
             )
         if not (
             isinstance(self.error_rates, dict)
@@ -88,7 +90,8 @@ class WorldConfig:
             and all(_prob_table(v) and all(x < 1 for x in v.values()) for v in self.error_rates.values())
         ):
             p.append(
-                f"error_rates must map easy and hard to a rate in [0, 1) for each of {list(OPS)}, got {_show(self.error_rates)}"
+                f"error_rates must map easy and hard to a rate in [0, 1) for each of {list(OPS)}, got "
+                f"{_show(self.error_rates)}"
             )
         for name in ("near_miss", "p_hard", "p_visible"):
             if not _is_prob(getattr(self, name)):
