@@ -25,78 +25,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
-from .evaluation.report import format_results
+from .evaluation.report import demo_plots, format_results
 from .synth.recipe import BASE, PRESETS, DemoConfig
 
 __all__ = ["BASE", "PRESETS", "DemoConfig", "format_results", "run_demo"]
 
 logger = logging.getLogger(__name__)
 BETAPRM_SELECTORS = ("betaprm_mean", "betaprm_rb", "betaprm_lin", "betaprm_vote", "betaprm_reliability_vote")
-
-
-def _verification(models, sc, test_pools, labels):
-    """Within-problem AUROC of the final-step mu, and first-error AUROC (all, and split by
-    the parity of the error) for each PRM, the Bayes belief and the parity-check observer."""
-    from .evaluation.metrics import within_problem_auroc
-    from .synth.diagnostics import step_diagnostics
-
-    verification = {
-        f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in sc[name]["test"]], labels)
-        for name in models
-    }
-    verification["bayes_auroc"] = within_problem_auroc([[b.mean[-1] for b in p.bayes] for p in test_pools], labels)
-    steps = {
-        name: step_diagnostics(test_pools, [[s.mu for s in pool] for pool in sc[name]["test"]]) for name in models
-    }
-    steps["bayes"] = step_diagnostics(test_pools, [[b.mean for b in p.bayes] for p in test_pools])
-    if test_pools[0].parity:
-        steps["parity_check"] = step_diagnostics(test_pools, [[m.mean for m in p.parity] for p in test_pools])
-    for name, d in steps.items():
-        verification.update({f"{name}_{k}": v for k, v in d.items() if k.startswith("first_error_auroc")})
-    if test_pools[0].parity:
-        # The ceiling of a parity-only step check: the best belief of an observer who sees
-        # each verifiable step's error only modulo 2.
-        verification["parity_check_auroc"] = within_problem_auroc(
-            [[m.mean[-1] for m in p.parity] for p in test_pools], labels
-        )
-        verification["parity_check_mu_mae_bayes"] = float(
-            np.abs(
-                np.concatenate([m.mean for p in test_pools for m in p.parity])
-                - np.concatenate([b.mean for p in test_pools for b in p.bayes])
-            ).mean()
-        )
-    return verification, {name: d["clean_bias_by_step"] for name, d in steps.items() if name in models}
-
-
-def _plots(out, histories, arrays, curves, n_candidates, aca):
-    from .evaluation import plots
-    from .synth.diagnostics import kappa_star
-
-    plots.kappa_dynamics(histories["betaprm"], out / "kappa_dynamics.png", "BetaPRM kappa during training")
-    std, beta = arrays["standard_prm"], arrays["betaprm"]
-    plots.reliability_diagram(
-        {"standard PRM": (std.mu, std.q), "BetaPRM": (beta.mu, beta.q), "Bayes belief": (beta.bayes_mean, beta.q)},
-        out / "reliability.png",
-    )
-    plots.kappa_vs_bayes(beta.kappa, kappa_star(beta.bayes_mean, beta.bayes_var), out / "kappa_vs_bayes.png")
-    ns = list(range(1, n_candidates + 1))
-    plots.best_of_n_curves(
-        {
-            k: (ns, curves[k])
-            for k in ("majority_vote", "standard_prm_mean", "betaprm_rb", "betaprm_vote", "bayes_vote", "oracle")
-        },
-        out / "best_of_n.png",
-    )
-    if aca is not None:
-        table, points = aca
-        plots.best_of_n_curves(
-            {"Best-of-n, BetaPRM S_RB": (table["bon_curve"]["tokens"], curves["betaprm_rb"])},
-            out / "aca_tokens.png",
-            points=points,
-            xlabel="generated tokens (all test problems)",
-        )
 
 
 def run_demo(cfg: DemoConfig, log=None) -> dict:
@@ -111,8 +46,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     from .model import _version
     from .scoring import score_traces
     from .selectors import tune_selectors
-    from .synth import World, WorldConfig
-    from .synth.diagnostics import calibration
+    from .synth import World, WorldConfig, diagnostics
     from .synth.experiment import aca_table, bon_hits, demo_data
     from .synth.training import build_backbone, train_prms
 
@@ -189,10 +123,10 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     for n in range(1, eff.n_candidates + 1):
         for key, v in bon_hits(test_pools, test_scores, tuned, n=n).items():
             curves.setdefault(key, []).append(float(v.mean()))
-    verification, clean_bias = _verification(models, sc, test_pools, [p.correct for p in test_pools])
+    verification, clean_bias = diagnostics.verification(test_scores, test_pools, [p.correct for p in test_pools])
     cal, arrays = {}, {}
     for name in models:
-        cal[name], arrays[name] = calibration(
+        cal[name], arrays[name] = diagnostics.calibration(
             test_pools, sc[name]["test"], data.held_records, held[name], beta=name == "betaprm"
         )
 
@@ -227,7 +161,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         log(f"ACA: 4 variants on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
     results["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    _plots(out, histories, arrays, curves, eff.n_candidates, aca)
+    demo_plots(out, histories, arrays, curves, eff.n_candidates, aca)
 
     log("\n" + format_results(results))
     log(

@@ -9,6 +9,10 @@ At each marker position the backbone's hidden state ``h`` gives
 
 Checkpoints are Hugging Face directories: the backbone and tokenizer as transformers
 writes them (safetensors), ``kappa_head.safetensors``, and ``betaprm_config.json``.
+
+Over 400 lines because creation (marker token, reward rows, vision-language backbones),
+the forward pass and loading with its checks are one contract: what ``save_pretrained``
+writes, ``from_pretrained`` verifies.
 """
 
 from __future__ import annotations

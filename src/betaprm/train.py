@@ -12,6 +12,10 @@ group, not a gradient hook: under Adam a scaled gradient barely changes the step
 no weight decay on biases and norms. Checkpoints hold the full model state in
 safetensors plus the Trainer's optimiser, scheduler, RNG and data position, so
 ``resume_from_checkpoint`` continues exactly; the final model is a BetaPRM directory.
+
+One module over 400 lines on purpose: the config, the Trainer subclass (loss, optimiser
+groups, checkpoint format, divergence stop) and ``train`` share the run record and the
+checkpoint format, and are read together when something in a run goes wrong.
 """
 
 from __future__ import annotations

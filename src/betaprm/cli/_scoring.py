@@ -42,3 +42,20 @@ class ScoringOptions(BatchOptions):
         if self.truncate not in TRUNCATE_MODES:
             bad.append(f"--truncate must be one of {', '.join(TRUNCATE_MODES)}, got {self.truncate!r}")
         return bad
+
+    def score_with_progress(self, prm, traces, names, desc: str = "scoring"):
+        """``score_traces`` with these options and a progress bar."""
+        from tqdm.auto import tqdm
+
+        from ..scoring import score_traces
+
+        with tqdm(total=len(traces), desc=desc, unit="trace") as bar:
+            return score_traces(
+                prm,
+                traces,
+                batch_size=self.batch_size,
+                progress=bar.update,
+                max_batch_tokens=self.max_batch_tokens,
+                truncate=self.truncate,
+                names=names,
+            )

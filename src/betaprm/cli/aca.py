@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..generation.factory import BackendOptions
+from ..generation.factory import RUNTIME_SETTINGS, BackendOptions
 from ..options import opt as _f
 from ._scoring import BatchOptions
 
@@ -153,14 +153,7 @@ NOT_RESULTS = {
     "device",
     "plots",
     "baseline",
-    "base_url",
-    "api_key_env",
-    "concurrency",
-    "request_timeout",
-    "max_retries",
-    "gen_batch_size",
-    "gen_max_batch_tokens",
-}
+} | RUNTIME_SETTINGS
 
 
 def result_settings(cfg) -> dict:

@@ -220,25 +220,15 @@ def _load(cfg):
 
 
 def _score_in_place(prm, records, cfg, path):
-    from tqdm.auto import tqdm
 
-    from ..scoring import _pool_images, score_traces, with_scores
+    from ..scoring import _pool_images, with_scores
 
     if prm.is_vision:
         traces = [(r["question"], c["steps"], _pool_images(r, path)) for r in records for c in r["candidates"]]
     else:
         traces = [(r["question"], c["steps"]) for r in records for c in r["candidates"]]
     names = [f"{path}: record {r['id']!r} candidate {j}" for r in records for j in range(len(r["candidates"]))]
-    with tqdm(total=len(traces), desc=f"scoring {Path(path).name}", unit="trace") as bar:
-        flat = score_traces(
-            prm,
-            traces,
-            batch_size=cfg.batch_size,
-            progress=bar.update,
-            max_batch_tokens=cfg.max_batch_tokens,
-            truncate=cfg.truncate,
-            names=names,
-        )
+    flat = cfg.score_with_progress(prm, traces, names, desc=f"scoring {Path(path).name}")
     it = iter(flat)
     for r in records:
         r["candidates"] = [with_scores(c, next(it)) for c in r["candidates"]]

@@ -69,12 +69,10 @@ def result_settings(cfg) -> dict:
 
 def run(args):
     import torch
-    from tqdm.auto import tqdm
 
     from ..errors import BetaPRMInputError
     from ..evaluation.steps import evaluate_steps, read_visualprocessbench
     from ..model import load_prm
-    from ..scoring import score_traces
     from ._config import config_from_args
 
     cfg = config_from_args(EvalStepsConfig, args)
@@ -90,16 +88,7 @@ def run(args):
     mode = cfg.score if cfg.score != "auto" else ("mu-sigma" if kind == "beta" else "mu")
     traces = [(it.question, it.steps, it.images) if prm.is_vision else (it.question, it.steps) for it in items]
     names = [f"{cfg.data}: item {it.id!r}" for it in items]
-    with tqdm(total=len(traces), desc="scoring", unit="trace") as bar:
-        scores = score_traces(
-            prm,
-            traces,
-            batch_size=cfg.batch_size,
-            progress=bar.update,
-            max_batch_tokens=cfg.max_batch_tokens,
-            truncate=cfg.truncate,
-            names=names,
-        )
+    scores = cfg.score_with_progress(prm, traces, names)
     step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
     res = evaluate_steps(items, step_scores, cfg.val_fraction, cfg.seed)
     res.update(

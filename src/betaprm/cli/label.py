@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..generation.factory import BackendOptions
+from ..generation.factory import RUNTIME_SETTINGS, BackendOptions
 from ..options import opt as _f
 
 HELP = "make Monte Carlo counts (K of N per step) for traces of any domain with reference answers"
@@ -69,22 +69,7 @@ def add_arguments(parser):
 # Options that do not change a record (paths, how many problems, how a server is reached,
 # how requests are grouped): left out of the settings a resumed --out must match. The
 # policy and the world's settings file enter as fingerprints of their contents.
-NOT_RESULTS = {
-    "input",
-    "out",
-    "failed",
-    "chunk",
-    "n_problems",
-    "policy",
-    "world_config",
-    "base_url",
-    "api_key_env",
-    "concurrency",
-    "request_timeout",
-    "max_retries",
-    "gen_batch_size",
-    "gen_max_batch_tokens",
-}
+NOT_RESULTS = {"input", "out", "failed", "chunk", "n_problems", "policy", "world_config"} | RUNTIME_SETTINGS
 
 
 def result_settings(cfg) -> dict:

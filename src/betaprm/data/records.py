@@ -14,6 +14,9 @@ and counted. Files are read once, as bytes: a line that is not UTF-8, not JSON, 
 NaN/Infinity, a number too long to read or nesting too deep is a problem of that line,
 never an exception. Every JSONL reader (``read_records``, ``read_objects``, the
 converters) goes through ``iter_jsonl``; whole JSON files through ``load_json_file``.
+
+Over 400 lines because the format and its one strict reader belong together: every field
+rule is written once, next to the message that names its fix.
 """
 
 from __future__ import annotations

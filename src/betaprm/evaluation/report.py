@@ -139,3 +139,34 @@ def format_results(r: dict) -> str:
         )
         parts.append(markdown_table(rows, ["method", "accuracy", "95% CI", "tokens", "vs vanilla", "mean pool"]))
     return "\n".join(parts)
+
+
+def demo_plots(out, histories, arrays, curves, n_candidates, aca) -> None:
+    """The demo's figures: kappa during training, reliability, kappa against kappa*,
+    Best-of-n curves and (with ACA) accuracy against tokens."""
+    from ..synth.diagnostics import kappa_star
+    from . import plots
+
+    plots.kappa_dynamics(histories["betaprm"], out / "kappa_dynamics.png", "BetaPRM kappa during training")
+    std, beta = arrays["standard_prm"], arrays["betaprm"]
+    plots.reliability_diagram(
+        {"standard PRM": (std.mu, std.q), "BetaPRM": (beta.mu, beta.q), "Bayes belief": (beta.bayes_mean, beta.q)},
+        out / "reliability.png",
+    )
+    plots.kappa_vs_bayes(beta.kappa, kappa_star(beta.bayes_mean, beta.bayes_var), out / "kappa_vs_bayes.png")
+    ns = list(range(1, n_candidates + 1))
+    plots.best_of_n_curves(
+        {
+            k: (ns, curves[k])
+            for k in ("majority_vote", "standard_prm_mean", "betaprm_rb", "betaprm_vote", "bayes_vote", "oracle")
+        },
+        out / "best_of_n.png",
+    )
+    if aca is not None:
+        table, points = aca
+        plots.best_of_n_curves(
+            {"Best-of-n, BetaPRM S_RB": (table["bon_curve"]["tokens"], curves["betaprm_rb"])},
+            out / "aca_tokens.png",
+            points=points,
+            xlabel="generated tokens (all test problems)",
+        )

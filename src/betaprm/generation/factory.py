@@ -12,6 +12,21 @@ from .text import Sampling, TextFormat
 BACKENDS = ("synth", "transformers", "openai", "vllm")
 
 
+# Settings of how generation runs (where, and how fast), not of what it produces: left out of
+# the settings a resumed output is checked against.
+RUNTIME_SETTINGS = frozenset(
+    {
+        "base_url",
+        "api_key_env",
+        "concurrency",
+        "request_timeout",
+        "max_retries",
+        "gen_batch_size",
+        "gen_max_batch_tokens",
+    }
+)
+
+
 @dataclass
 class BackendOptions:
     backend: str = _f(

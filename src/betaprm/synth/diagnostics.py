@@ -157,3 +157,37 @@ def parity_split_auroc(scores, offsets) -> dict:
         if keep.any() and (offs == 0).any():
             out[name] = auroc(scores[sel], offs[sel] > 0)
     return out
+
+
+def verification(test_scores: dict, test_pools, labels):
+    """Within-problem AUROC of the final-step mu, and first-error AUROC (all, and split by
+    the parity of the error) for each PRM, the Bayes belief and the parity-check observer."""
+    from ..evaluation.metrics import within_problem_auroc
+
+    verification = {
+        f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in test_scores[name]], labels)
+        for name in test_scores
+    }
+    verification["bayes_auroc"] = within_problem_auroc([[b.mean[-1] for b in p.bayes] for p in test_pools], labels)
+    steps = {
+        name: step_diagnostics(test_pools, [[s.mu for s in pool] for pool in test_scores[name]])
+        for name in test_scores
+    }
+    steps["bayes"] = step_diagnostics(test_pools, [[b.mean for b in p.bayes] for p in test_pools])
+    if test_pools[0].parity:
+        steps["parity_check"] = step_diagnostics(test_pools, [[m.mean for m in p.parity] for p in test_pools])
+    for name, d in steps.items():
+        verification.update({f"{name}_{k}": v for k, v in d.items() if k.startswith("first_error_auroc")})
+    if test_pools[0].parity:
+        # The ceiling of a parity-only step check: the best belief of an observer who sees
+        # each verifiable step's error only modulo 2.
+        verification["parity_check_auroc"] = within_problem_auroc(
+            [[m.mean[-1] for m in p.parity] for p in test_pools], labels
+        )
+        verification["parity_check_mu_mae_bayes"] = float(
+            np.abs(
+                np.concatenate([m.mean for p in test_pools for m in p.parity])
+                - np.concatenate([b.mean for p in test_pools for b in p.bayes])
+            ).mean()
+        )
+    return verification, {name: d["clean_bias_by_step"] for name, d in steps.items() if name in test_scores}

@@ -13,6 +13,9 @@ offset between written and true values, ``+``/``?`` steps give ``d_t = d_{t-1} +
 and ``* k`` gives ``d_t = k d_{t-1} + eps``; the trace is correct iff ``d_T = 0``. That
 makes the prefix success probability ``q_t`` a small dynamic programme, and the best
 belief anyone could form from what a PRM sees a forward filter over ``(d, z)``.
+
+Just over 400 lines: the world, its exact ``q_t`` and its Bayes filter share the offset
+dynamics above and are checked against each other by brute force in the tests.
 """
 
 from __future__ import annotations
