@@ -247,8 +247,8 @@ def run_aca(
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
     from ``out`` when it already holds them)."""
+    from .provenance import completed_ids as _completed_ids
     from .provenance import json_line
-    from .scoring import _completed_ids
 
     done_ids = _completed_ids(out) if out else set()
     ids = [t.id for t in tasks]

@@ -103,8 +103,8 @@ def label_traces(
     progress: bool = True,
 ) -> dict:
     """Label ``items`` into ``out`` (JSONL, appended). Returns counts for a summary."""
+    from .provenance import completed_ids as _completed_ids
     from .provenance import json_line  # strict JSON: a NaN raises before its record is written
-    from .scoring import _completed_ids
 
     done = _completed_ids(out)
     failed_done = _completed_ids(failed_out) if failed_out else set()

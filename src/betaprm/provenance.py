@@ -18,9 +18,10 @@ how traces are batched), devices, progress, output and input paths. The input fi
 not part of the settings either: a rerun after records were added to it scores the new
 ones, which is what resuming is for.
 
-Records are written with ``json_line``: strict JSON (no NaN or Infinity, which most
-JSON readers reject), or an error naming the record and the field before anything of
-that record is written.
+A rerun skips the records already there (``completed_ids``, which also cuts off a last
+line an interrupted write left without its newline). Records are written with
+``json_line``: strict JSON (no NaN or Infinity, which most JSON readers reject), or an
+error naming the record and the field before anything of that record is written.
 """
 
 from __future__ import annotations
@@ -271,3 +272,28 @@ def finite_or_null(obj):
     if isinstance(obj, (list, tuple)):
         return [finite_or_null(v) for v in obj]
     return obj
+
+
+def completed_ids(path) -> set[str]:
+    """Ids already in an output file. A last line without its newline is the remains of
+    an interrupted write: it is cut off (and said so), every complete line is kept."""
+    ids: set[str] = set()
+    if not os.path.exists(path):
+        return ids
+    with open(path, "rb") as f:
+        data = f.read()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        logger.warning(f"{path}: removing a partial last line ({len(data) - keep} bytes) left by an interrupted run")
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+    for i, line in enumerate(data[:keep].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(str(json.loads(line)["id"]))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise BetaPRMInputError(
+                f"{path}:{i}: existing output line is not a scored record; move the file away or fix it"
+            ) from None
+    return ids

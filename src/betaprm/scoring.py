@@ -15,6 +15,7 @@ import torch
 from ._batching import _autocast, split_by_trace
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
+from .provenance import completed_ids as _completed_ids  # resuming: ids already in an output
 from .types import StepScores
 
 logger = logging.getLogger(__name__)
@@ -204,34 +205,6 @@ def score_traces(
 
 
 # ---------------------------------------------------------------------- files
-def _completed_ids(path) -> set[str]:
-    """Ids already in an output file. A last line without its newline is the remains of
-    an interrupted write: it is cut off (and said so), every complete line is kept."""
-    import json
-    import os
-
-    ids: set[str] = set()
-    if not os.path.exists(path):
-        return ids
-    with open(path, "rb") as f:
-        data = f.read()
-    keep = data.rfind(b"\n") + 1
-    if keep < len(data):
-        logger.warning(f"{path}: removing a partial last line ({len(data) - keep} bytes) left by an interrupted run")
-        with open(path, "r+b") as f:
-            f.truncate(keep)
-    for i, line in enumerate(data[:keep].splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            ids.add(str(json.loads(line)["id"]))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            raise BetaPRMInputError(
-                f"{path}:{i}: existing output line is not a scored record; move the file away or fix it"
-            ) from None
-    return ids
-
-
 def _pool_images(record: dict, input_path) -> list[str]:
     """A pool's image paths, relative ones resolved against the pool file's folder."""
     from pathlib import Path
