@@ -47,7 +47,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     from .scoring import score_traces
     from .selectors import tune_selectors
     from .synth import World, WorldConfig, diagnostics
-    from .synth.experiment import aca_table, bon_hits, demo_data
+    from .synth.experiment import aca_table, bayes_scores, bon_hits, demo_data
     from .synth.training import build_backbone, train_prms
 
     log = log or logger.info
@@ -105,7 +105,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     # 5. evaluation: tune on validation, report on test
     tuned = tune_selectors(sc["betaprm"]["val"], [p.answers for p in val_pools], [p.correct for p in val_pools])
     test_scores = {name: s["test"] for name, s in sc.items()}
-    hits = bon_hits(test_pools, test_scores, tuned)
+    selectable = {**test_scores, "bayes": bayes_scores(test_pools)}  # made once for every cut below
+    hits = bon_hits(test_pools, selectable, tuned)
     bon = {k: {"acc": float(v.mean()), "ci": list(bootstrap_ci(v, seed=cfg.seed))} for k, v in hits.items()}
     # "The best BetaPRM selector" is chosen on validation, never on test.
     val_hits = bon_hits(val_pools, {name: s["val"] for name, s in sc.items()}, tuned)
@@ -121,7 +122,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     }
     curves = {}
     for n in range(1, eff.n_candidates + 1):
-        for key, v in bon_hits(test_pools, test_scores, tuned, n=n).items():
+        for key, v in bon_hits(test_pools, selectable, tuned, n=n).items():
             curves.setdefault(key, []).append(float(v.mean()))
     verification, clean_bias = diagnostics.verification(test_scores, test_pools, [p.correct for p in test_pools])
     cal, arrays = {}, {}

@@ -235,17 +235,25 @@ BON_ROWS = (
 )
 
 
-def bon_hits(pools: list[Pool], scores: dict, tuned: dict, n: int | None = None) -> dict[str, np.ndarray]:
-    """Per-problem hits (0/1) of every row of ``BON_ROWS`` on pools cut to their first ``n``
-    candidates; ``scores``: per PRM name, one list of ``StepScores`` per pool."""
-    from ..selectors import hit
+def bayes_scores(pools: list[Pool]) -> list[list]:
+    """The exact Bayes belief's means as ``StepScores`` (one list per pool), for selectors."""
     from ..types import StepScores
 
+    return [[StepScores(b.mean, np.ones_like(b.mean), None) for b in pool.bayes] for pool in pools]
+
+
+def bon_hits(pools: list[Pool], scores: dict, tuned: dict, n: int | None = None) -> dict[str, np.ndarray]:
+    """Per-problem hits (0/1) of every row of ``BON_ROWS`` on pools cut to their first ``n``
+    candidates; ``scores``: per scorer name, one list of ``StepScores`` per pool (the Bayes
+    rows read ``scores["bayes"]``, made by ``bayes_scores`` when absent)."""
+    from ..selectors import hit
+
+    if "bayes" not in scores:
+        scores = {**scores, "bayes": bayes_scores(pools)}
     out = {key: [] for key, *_ in BON_ROWS}
     for i, pool in enumerate(pools):
         k = n or len(pool.traces)
         by = {name: sc[i][:k] for name, sc in scores.items()}
-        by["bayes"] = [StepScores(b.mean, np.ones_like(b.mean), None) for b in pool.bayes[:k]]
         for key, scorer, selector, _ in BON_ROWS:
             out[key].append(hit(selector, pool.answers[:k], pool.correct[:k], by.get(scorer), tuned))
     return {k: np.array(v) for k, v in out.items()}

