@@ -58,7 +58,9 @@ def tokenizer():
         gguf = next(f for f in os.listdir(folder) if f.endswith(".gguf"))
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     except Exception:
-        tok = train_bytelevel_tokenizer([" ".join(WORDS)] * 50 + ["Yes No Problem 0 1 2 3 4 5 6 7 8 9"] * 20, vocab_size=400)
+        tok = train_bytelevel_tokenizer(
+            [" ".join(WORDS)] * 50 + ["Yes No Problem 0 1 2 3 4 5 6 7 8 9"] * 20, vocab_size=400
+        )
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -79,7 +81,12 @@ def build(work: str, n_traces: int) -> None:
     with open(os.path.join(work, "records.jsonl"), "w") as f:
         for t in traces:
             k = [int(x) for x in t["labels"]]
-            f.write(json.dumps({"id": t["id"], "question": t["question"], "steps": t["steps"], "mc_correct": k, "mc_total": 1}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": t["id"], "question": t["question"], "steps": t["steps"], "mc_correct": k, "mc_total": 1}
+                )
+                + "\n"
+            )
 
 
 def timer_callback(warmup: int, steps: int, out: dict):
@@ -112,19 +119,45 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int) -> dict:
         tok = AutoTokenizer.from_pretrained(lm)
         model = AutoModelForTokenClassification.from_pretrained(lm, num_labels=2)
         traces = json.load(open(os.path.join(work, "traces.json")))
-        ds = Dataset.from_list([{"prompt": t["question"], "completions": t["steps"], "labels": t["labels"]} for t in traces])
-        args = PRMConfig(output_dir=out_dir, per_device_train_batch_size=batch, max_steps=warmup + steps, learning_rate=1e-5,
-                         logging_steps=10**6, save_strategy="no", report_to="none", use_cpu=True, max_length=None,
-                         dataloader_num_workers=0, seed=0, disable_tqdm=True)
+        ds = Dataset.from_list(
+            [{"prompt": t["question"], "completions": t["steps"], "labels": t["labels"]} for t in traces]
+        )
+        args = PRMConfig(
+            output_dir=out_dir,
+            per_device_train_batch_size=batch,
+            max_steps=warmup + steps,
+            learning_rate=1e-5,
+            logging_steps=10**6,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            max_length=None,
+            dataloader_num_workers=0,
+            seed=0,
+            disable_tqdm=True,
+        )
         trainer = PRMTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[cb])
         tokens = [len(x) for x in trainer.train_dataset["input_ids"]]
         trainer.train()
     else:
         from betaprm.train import TrainConfig, train
 
-        cfg = TrainConfig(model=lm, data=os.path.join(work, "records.jsonl"), output_dir=out_dir, objective=run,
-                          max_steps=warmup + steps, global_batch_size=batch, per_device_batch_size=batch, learning_rate=1e-5,
-                          logging_steps=10**6, save_steps=10**9, use_cpu=True, precision="fp32", max_length=4096, seed=0)
+        cfg = TrainConfig(
+            model=lm,
+            data=os.path.join(work, "records.jsonl"),
+            output_dir=out_dir,
+            objective=run,
+            max_steps=warmup + steps,
+            global_batch_size=batch,
+            per_device_batch_size=batch,
+            learning_rate=1e-5,
+            logging_steps=10**6,
+            save_steps=10**9,
+            use_cpu=True,
+            precision="fp32",
+            max_length=4096,
+            seed=0,
+        )
         _, trainer, _ = train(cfg, log=lambda *a: None, quiet=True, callbacks=[cb])
         tokens = [len(x["input_ids"]) for x in trainer.train_dataset]
     return {"run": run, "traces_per_s": batch * steps / timing["seconds"], "mean_tokens": statistics.mean(tokens)}
@@ -150,21 +183,42 @@ def main(argv=None):
         results: dict[str, list[dict]] = {r: [] for r in a.runs.split(",")}
         for r in range(a.rounds):
             for run in results:
-                cmd = [sys.executable, __file__, "--worker", run, "--work", work, "--batch", str(a.batch),
-                       "--warmup", str(a.warmup), "--steps", str(a.steps)]
-                env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(
-                    [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")])}
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    run,
+                    "--work",
+                    work,
+                    "--batch",
+                    str(a.batch),
+                    "--warmup",
+                    str(a.warmup),
+                    "--steps",
+                    str(a.steps),
+                ]
+                env = {
+                    **os.environ,
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "PYTHONPATH": os.pathsep.join(
+                        [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")]
+                    ),
+                }
                 res = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
                 if res.returncode != 0 or not line:
                     sys.exit(f"{run} failed:\n{res.stderr[-3000:]}")
-                results[run].append(json.loads(line[-1][len("RESULT "):]))
+                results[run].append(json.loads(line[-1][len("RESULT ") :]))
                 print(f"round {r + 1}: {run:14s} {results[run][-1]['traces_per_s']:.2f} traces/s", flush=True)
     summary = {}
     for run, rs in results.items():
         tps = statistics.median(x["traces_per_s"] for x in rs)
-        summary[run] = {"traces_per_s": tps, "tokens_per_s": tps * rs[0]["mean_tokens"], "mean_tokens": rs[0]["mean_tokens"],
-                        "each": [x["traces_per_s"] for x in rs]}
+        summary[run] = {
+            "traces_per_s": tps,
+            "tokens_per_s": tps * rs[0]["mean_tokens"],
+            "mean_tokens": rs[0]["mean_tokens"],
+            "each": [x["traces_per_s"] for x in rs],
+        }
     base = summary.get("trl")
     print(f"\n{'run':16s} {'traces/s':>9s} {'tokens/s':>9s} {'tokens/trace':>13s} {'vs TRL':>7s}")
     for run, s in summary.items():
