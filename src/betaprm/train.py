@@ -115,8 +115,8 @@ class TrainConfig:
     dataloader_num_workers: int = _f(0, "data loader worker processes")
     group_by_length: bool = _f(
         False,
-        "draw each batch from traces of similar length (shuffled groups, the Trainer's LengthGroupedSampler): less "
-        "padding, faster steps; the batches' mix of lengths changes",
+        "draw each batch from traces of similar length, the batches in random order: less padding, faster steps "
+        "(text PRMs; vision-language data keeps random batches)",
     )
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
     ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
@@ -215,6 +215,7 @@ def _trainer_class():
             head_lr_multiplier: float,
             aux_lm_weight: float = 0.0,
             kappa_detach: bool = False,
+            group_by_length: bool = False,
             **kwargs,
         ):
             super().__init__(*args, **kwargs)
@@ -223,6 +224,7 @@ def _trainer_class():
             self.lambda_reg = lambda_reg
             self.hard_threshold = hard_threshold
             self.head_lr_multiplier = head_lr_multiplier
+            self.group_by_length = group_by_length
             self.kappa_detach = kappa_detach
             # Our loss is a per-micro-batch mean: the Trainer divides it by the number of
             # accumulation steps, and must not pass num_items_in_batch to the model.
@@ -258,6 +260,17 @@ def _trainer_class():
                 "counts, or start anew with a lower --learning-rate or a longer --warmup-ratio (another --output-dir, "
                 "or --overwrite-output-dir; a resume must keep the checkpoint's settings)."
             )
+
+        # ---- batches of similar length, in random order (data/dataset.LengthBucketSampler)
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = train_dataset if train_dataset is not None else self.train_dataset
+            if self.group_by_length and hasattr(dataset, "lengths"):
+                from .data.dataset import LengthBucketSampler
+
+                return LengthBucketSampler(
+                    dataset.lengths(), self.args.train_batch_size, seed=self.args.data_seed or self.args.seed
+                )
+            return super()._get_train_sampler(train_dataset)
 
         # ---- loss
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -466,19 +479,6 @@ def _grad_accum(cfg: TrainConfig, world: int) -> int:
             f"{cfg.per_device_batch_size} x {world} devices = {per_step}; change one of them"
         )
     return cfg.global_batch_size // per_step
-
-
-def _sampling(cfg: TrainConfig) -> dict:
-    """TrainingArguments for ``group_by_length``: ``train_sampling_strategy`` in recent
-    transformers 5 releases, the older boolean before it."""
-    import dataclasses
-
-    from transformers import TrainingArguments
-
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    if "train_sampling_strategy" in names:
-        return {"train_sampling_strategy": "group_by_length" if cfg.group_by_length else "random"}
-    return {"group_by_length": cfg.group_by_length} if cfg.group_by_length else {}
 
 
 RUN_NAME = "betaprm_run.json"
@@ -705,7 +705,6 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         remove_unused_columns=False,
         label_names=["mc_correct", "mc_total"],
         dataloader_num_workers=cfg.dataloader_num_workers,
-        **_sampling(cfg),
         use_cpu=cfg.use_cpu,
         ddp_backend=cfg.ddp_backend,
         disable_tqdm=rank != 0,
@@ -720,6 +719,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         hard_threshold=cfg.hard_threshold,
         head_lr_multiplier=cfg.head_lr_multiplier,
         kappa_detach=cfg.kappa_detach,
+        group_by_length=cfg.group_by_length,
         aux_lm_weight=cfg.aux_lm_weight,
         callbacks=list(callbacks or []),
     )

@@ -44,6 +44,53 @@ class CountsDataset(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         return self.examples[i]
 
+    def lengths(self) -> list[int]:
+        """Tokens per example (for length-grouped batches)."""
+        return [len(e["input_ids"]) for e in self.examples]
+
+
+class LengthBucketSampler(torch.utils.data.Sampler):
+    """Example indices in batches of similar length, the batches in random order.
+
+    Each epoch shuffles the examples, cuts them into groups of ``group`` batches, sorts each
+    group by length and cuts it into batches of ``batch_size``; the full batches then come in
+    a random order (the Trainer's ``LengthGroupedSampler`` keeps them longest-first within a
+    group, a sawtooth over lengths), partial ones last, so a DataLoader that batches the
+    indices in order with ``batch_size`` gets exactly these batches. The order depends only on
+    ``seed`` and the epoch (``set_epoch``), so a resumed run skips the same batches.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, group: int = 50):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.group = group
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batches(self) -> list[list[int]]:
+        g = torch.Generator()
+        g.manual_seed(self.seed * 1_000_003 + self.epoch)
+        perm = torch.randperm(len(self.lengths), generator=g).tolist()
+        span = self.batch_size * self.group
+        full, partial = [], []
+        for start in range(0, len(perm), span):
+            chunk = sorted(perm[start : start + span], key=lambda i: self.lengths[i])
+            for k in range(0, len(chunk), self.batch_size):
+                (full if len(chunk[k : k + self.batch_size]) == self.batch_size else partial).append(
+                    chunk[k : k + self.batch_size]
+                )
+        order = torch.randperm(len(full), generator=g).tolist()
+        return [full[k] for k in order] + partial
+
+    def __iter__(self):
+        return iter([i for b in self.batches() for i in b])
+
 
 def encode_records(
     prm, records: Sequence[Record], max_length: int, truncation: str = "keep-steps", chunk: int = 512, progress=None
