@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.betaprm-installed
 
-.PHONY: install test test-all format demo bench bench-memory clean
+.PHONY: install test test-all format demo bench bench-memory bench-train clean
 
 install: $(STAMP)
 
@@ -47,6 +47,11 @@ bench-memory: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "champ-dataset==1.0.0"
 	$(PY) benchmarks/real_assets.py --out outputs/real
 	$(PY) benchmarks/scoring_memory.py --model outputs/real/smollm2-135m-instruct --traces outputs/real/champ_fws.jsonl --json outputs/real/scoring_memory.json
+
+# Training throughput against TRL 1.13's PRMTrainer (the bench extra; torch is already in place).
+bench-train: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
+	$(PY) benchmarks/train_vs_trl.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

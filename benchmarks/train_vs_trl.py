@@ -1,6 +1,6 @@
 """Training throughput: ``betaprm train`` against TRL 1.13's PRMTrainer, the peer it replaces.
 
-    pip install -e ".[bench]"          # trl==1.13.0, the last TRL with a PRM trainer
+    make bench-train                   # or: pip install -e ".[bench]" (trl==1.13.0), then:
     python benchmarks/train_vs_trl.py [--traces 128] [--batch 8] [--warmup 16] [--steps 16] [--rounds 2]
 
 The same tiny random-init Llama (hidden 256, 6 layers; the SmolLM2 tokenizer when the

@@ -247,10 +247,9 @@ def run_aca(
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
     from ``out`` when it already holds them)."""
-    from .provenance import completed_ids as _completed_ids
-    from .provenance import json_line
+    from .provenance import completed_ids, json_line
 
-    done_ids = _completed_ids(out) if out else set()
+    done_ids = completed_ids(out) if out else set()
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise BetaPRMInputError("ACA tasks need unique ids")
@@ -360,19 +359,18 @@ def best_of_n_curve(
     """Accuracy against generated tokens of Best-of-n for n = 1 .. the smallest pool, from
     the records of a ``best-of-n`` run (their first n candidates, picked by the selector
     ``method`` of ``betaprm.selectors`` with ``lam`` and ``tau``)."""
-    from types import SimpleNamespace
-
+    from .selection import TuneResult
     from .selectors import hit
 
-    tuned = {method: SimpleNamespace(lam=lam, tau=tau)}
+    tuned = {method: TuneResult(method, lam, None, tau, float("nan"))}
+    pools = [[StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]] for r in records]
     xs, ys = [], []
-    for n in range(1, min(len(r["candidates"]) for r in records) + 1):
+    for n in range(1, min(len(p) for p in pools) + 1):
         hits, toks = [], 0
-        for r in records:
+        for r, pool in zip(records, pools):
             cands = r["candidates"][:n]
-            pool = [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in cands]
             hits.append(
-                bool(hit(method, [c.get("answer") for c in cands], [c["correct"] for c in cands], pool, tuned))
+                bool(hit(method, [c.get("answer") for c in cands], [c["correct"] for c in cands], pool[:n], tuned))
             )
             toks += sum(c["n_tokens"] for c in cands)
         xs.append(toks)

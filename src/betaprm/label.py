@@ -103,11 +103,13 @@ def label_traces(
     progress: bool = True,
 ) -> dict:
     """Label ``items`` into ``out`` (JSONL, appended). Returns counts for a summary."""
-    from .provenance import completed_ids as _completed_ids
-    from .provenance import json_line  # strict JSON: a NaN raises before its record is written
+    from .provenance import (
+        completed_ids,
+        json_line,  # strict JSON: a NaN raises before its record is written
+    )
 
-    done = _completed_ids(out)
-    failed_done = _completed_ids(failed_out) if failed_out else set()
+    done = completed_ids(out)
+    failed_done = completed_ids(failed_out) if failed_out else set()
     todo = [it for it in items if it.id not in done and it.id not in failed_done]
     stats = {
         "traces": len(items),

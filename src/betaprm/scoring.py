@@ -15,7 +15,7 @@ import torch
 from ._batching import _autocast, split_by_trace
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
-from .provenance import completed_ids as _completed_ids  # resuming: ids already in an output
+from .provenance import completed_ids  # resuming: ids already in an output
 from .types import StepScores
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def score_pool_file(
     loaded = read_records(
         input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects, flag="--input"
     )
-    done = _completed_ids(output_path)
+    done = completed_ids(output_path)
     todo = [r for r in loaded.records if str(r["id"]) not in done]
     Path(output_path).parent.mkdir(parents=True, exist_ok=True)
     stats = {
