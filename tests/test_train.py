@@ -344,3 +344,90 @@ def test_group_by_length_trains_and_resumes_like_the_uninterrupted_run(tmp_path,
     a, b = params(full), params(resumed)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+# ---------------------------------------------------------------------- packing
+def test_pack_rows_lays_every_trace_out_once_without_padding_between():
+    from betaprm.data.dataset import pack_rows
+
+    feats = [{"input_ids": list(range(10 * (i + 1), 10 * (i + 1) + n)), "i": i} for i, n in enumerate([5, 2, 3, 4, 1])]
+    order, batch = pack_rows(feats, pad_id=0)
+    ids, pos, keep = batch["input_ids"], batch["position_ids"], batch["lm_keep"]
+    assert ids.shape == (3, 5)  # first-fit decreasing into rows of 5: [5], [4, 1], [3, 2]
+    assert sorted(f["i"] for f in order) == [0, 1, 2, 3, 4]
+    laid = [ids[r, pos[r] == 0].tolist() for r in range(3)]  # every segment starts at position 0
+    assert [f["i"] for f in order] == [0, 3, 4, 2, 1] and laid == [[10], [40, 50], [30, 20]]
+    for f in order:  # each trace whole, in order, at positions 0..n-1
+        r, c = (ids == f["input_ids"][0]).nonzero()[0].tolist()
+        n = len(f["input_ids"])
+        assert ids[r, c : c + n].tolist() == f["input_ids"] and pos[r, c : c + n].tolist() == list(range(n))
+    # Next-token pairs only inside a trace: row 1 is [40..43 | 50], row 2 [30 31 32 | 20 21].
+    assert keep[1].tolist() == [True, True, True, False] and keep[2].tolist() == [True, True, False, True]
+
+
+@pytest.mark.parametrize("objective", ["beta-binomial", "soft-ce"])
+def test_packed_batches_give_the_padded_loss_and_gradients(tmp_path, lm_dir, counts, objective):
+    from transformers import TrainingArguments
+
+    prm = BetaPRM.from_backbone(str(lm_dir)).train()
+    loaded = read_records(str(counts), kind="counts")
+    ds = encode_records(prm, loaded.records[:12], max_length=512)
+    feats = [ds[i] for i in range(12)]
+    trainer_cls = _trainer_class()
+    losses, grads = [], []
+    for pack in (False, True):
+        trainer = trainer_cls(
+            model=prm,
+            args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
+            objective=objective,
+            lambda_reg=0.05,
+            hard_threshold=0.5,
+            head_lr_multiplier=1.0,
+            aux_lm_weight=0.5,
+            packing=pack,
+        )
+        batch = CountsCollator(0, pack=pack)(feats)
+        batch.pop("record_index", None)
+        if pack:
+            assert batch["input_ids"].numel() < CountsCollator(0)(feats)["input_ids"].numel()
+        prm.zero_grad()
+        loss = trainer.compute_loss(prm, batch)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({k: p.grad.clone() for k, p in prm.named_parameters() if p.grad is not None})
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_packed_training_matches_padded_training(tmp_path, lm_dir, counts):
+    a, _, _ = train(cfg(lm_dir, counts, tmp_path / "pad", packing=False, aux_lm_weight=0.3, save_steps=100))
+    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "pack", packing=True, aux_lm_weight=0.3, save_steps=100))
+    pa, pb = params(a), params(b)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_packing_check_stops_a_backbone_whose_attention_ignores_position_ids(tmp_path, lm_dir, counts):
+    """A real backbone with an attention function that masks causally over the whole row
+    (as an architecture that builds its own mask would): packed traces would see each
+    other, and the first packed batch says so."""
+    import torch.nn.functional as F
+    from transformers import AttentionInterface
+
+    from betaprm.errors import BetaPRMInputError
+
+    def causal_over_row(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("causal_over_row", causal_over_row)
+    leaky = tmp_path / "leaky"
+    shutil.copytree(lm_dir, leaky)
+    conf = json.loads((leaky / "config.json").read_text())
+    conf["attn_implementation"] = "causal_over_row"
+    (leaky / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(BetaPRMInputError, match="packing check failed.*--no-packing"):
+        train(cfg(leaky, counts, tmp_path / "out", packing=True))
+    train(cfg(leaky, counts, tmp_path / "out2", packing=False, max_steps=2))  # padding needs no such mask

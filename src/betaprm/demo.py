@@ -6,7 +6,7 @@ The pipeline uses the same ``BetaPRM``, trainer and scorer as real backbones:
 1. problems split into train / validation / test; training traces from the policy (with
    verifiable errors enriched by ``error_boost``), each step labelled with K of ``mc_n``
    real continuations of the (unboosted) policy (``synth.experiment``);
-2. a byte-level BPE tokenizer; a small Llama pretrained as a language model on
+2. a word-level tokenizer; a small Llama pretrained as a language model on
    error-free traces, saved, and the start of both PRMs (``synth.training``);
 3. a standard PRM (``soft-ce``) and a BetaPRM (``beta-binomial``) fine-tuned with the
    same budget and seed through ``betaprm.train``;
@@ -63,10 +63,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    log(
-        f"betaprm {_version()} demo ({'quick' if cfg.quick else 'long' if cfg.long else 'default'} run, seed "
-        f"{cfg.seed}, {device}) -> {out}"
-    )
+    log(f"betaprm {_version()} demo ({cfg.recipe()} run, seed {cfg.seed}, {device}) -> {out}")
 
     # 1. data
     t0 = time.perf_counter()

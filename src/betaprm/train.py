@@ -118,6 +118,12 @@ class TrainConfig:
         "draw each batch from traces of similar length, the batches in random order: less padding, faster steps "
         "(text PRMs; vision-language data keeps random batches)",
     )
+    packing: bool = _f(
+        True,
+        "lay each batch's traces out without padding (first-fit into rows, position ids per trace, a block-diagonal "
+        "causal mask built by transformers): the same batches and loss, fewer tokens computed. Checked against "
+        "padding on the first batch; text PRMs only (vision-language batches keep padding)",
+    )
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
     ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
 
@@ -216,6 +222,7 @@ def _trainer_class():
             aux_lm_weight: float = 0.0,
             kappa_detach: bool = False,
             group_by_length: bool = False,
+            packing: bool = False,
             **kwargs,
         ):
             super().__init__(*args, **kwargs)
@@ -226,6 +233,7 @@ def _trainer_class():
             self.head_lr_multiplier = head_lr_multiplier
             self.group_by_length = group_by_length
             self.kappa_detach = kappa_detach
+            self.packing_unchecked = packing
             # Our loss is a per-micro-batch mean: the Trainer divides it by the number of
             # accumulation steps, and must not pass num_items_in_batch to the model.
             self.model_accepts_loss_kwargs = False
@@ -275,8 +283,11 @@ def _trainer_class():
         # ---- loss
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs.pop("record_index", None)
+            lm_keep = inputs.pop("lm_keep", None)
             k = inputs.pop("mc_correct").float()
             n = inputs.pop("mc_total").float()
+            if self.packing_unchecked and "position_ids" in inputs:
+                self.packing_unchecked = not self._check_packing(model, inputs)
             out = model(**inputs, return_hidden=self.aux_lm_weight > 0, detach_kappa=self.kappa_detach)
             mu, kappa = out.mu.float(), out.kappa.float()
             if mu.shape != k.shape:
@@ -295,7 +306,7 @@ def _trainer_class():
                 # only what the objective optimises.
                 loss, parts = ce, {"ce": ce}
             if self.aux_lm_weight > 0:
-                lm = self._lm_loss(model, out.hidden_states, inputs["input_ids"], inputs.get("attention_mask"))
+                lm = self._lm_loss(model, out.hidden_states, inputs["input_ids"], lm_keep)
                 loss = loss + self.aux_lm_weight * lm
                 parts["lm"] = lm
             if model.training:
@@ -305,14 +316,56 @@ def _trainer_class():
                 self._buf.setdefault("kappa", []).append(kappa.detach())
             return (loss, out) if return_outputs else loss
 
-        def _lm_loss(self, model, hidden, input_ids, attention_mask):
-            """Mean next-token cross-entropy over the trace, markers and padding excluded."""
+        def _check_packing(self, model, inputs) -> bool:
+            """Packed rows must give each trace the hidden states it has alone: compares,
+            for every trace that is not first in its row (the ones a mask that ignored
+            position ids would let see another trace), the packed forward's hidden states
+            with a padded forward of the same traces. False: no such trace in this batch."""
+            prm = self.accelerator.unwrap_model(model)
+            ids, pos = inputs["input_ids"], inputs["position_ids"]
+            later = []
+            for r in range(ids.shape[0]):
+                starts = (pos[r] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
+                later += [
+                    (r, a, b)
+                    for a, b in zip(starts[1:-1], starts[2:])
+                    if (ids[r, a:b] == prm.config.marker_id).any()  # the padding tail has no marker
+                ]
+            if not later:
+                return False
+            from .scoring import _pad_id, pad_batch
+
+            with torch.no_grad():
+                packed = model(input_ids=ids, position_ids=pos, return_hidden=True).hidden_states
+                alone_ids, alone_mask = pad_batch([ids[r, a:b].tolist() for r, a, b in later], _pad_id(prm.tokenizer))
+                alone = model(
+                    input_ids=alone_ids.to(ids.device), attention_mask=alone_mask.to(ids.device), return_hidden=True
+                ).hidden_states
+            got = torch.cat([packed[r, a:b] for r, a, b in later]).float()
+            want = torch.cat([alone[i, : b - a] for i, (r, a, b) in enumerate(later)]).float()
+            err = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+            # bf16 (autocast, applied by accelerate inside the model's forward, or bf16 weights)
+            # rounds differently in the two layouts; a mask that lets traces see each other
+            # moves hidden states by far more than either tolerance.
+            exact = next(prm.parameters()).dtype == torch.float32 and not (self.args.bf16 or self.args.fp16)
+            if err > (1e-3 if exact else 0.05):
+                raise BetaPRMInputError(
+                    f"packing check failed: {type(prm.backbone).__name__} gives a packed trace hidden states "
+                    f"{err:.3g} (relative) away from the same trace alone, so its attention does not keep packed "
+                    "traces apart (it ignores position_ids). Train with --no-packing."
+                )
+            logger.info("packing: packed traces match padded ones (relative difference %.2g)", err)
+            return True
+
+        def _lm_loss(self, model, hidden, input_ids, lm_keep):
+            """Mean next-token cross-entropy over the trace, markers and padding excluded
+            (``lm_keep``: the collator's next-token pairs inside one trace)."""
             prm = self.accelerator.unwrap_model(model)
             head = prm.backbone.get_output_embeddings()
             labels = input_ids[:, 1:]
             keep = labels != prm.config.marker_id
-            if attention_mask is not None:
-                keep = keep & attention_mask[:, 1:].bool()
+            if lm_keep is not None:
+                keep = keep & lm_keep
             logits = head(hidden[:, :-1][keep]).float()  # (n_tokens, V)
             return torch.nn.functional.cross_entropy(logits, labels[keep])
 
@@ -506,6 +559,7 @@ NOT_RESULTS = {
     "ddp_backend",
     "per_device_batch_size",
     "gradient_checkpointing",
+    "packing",
 }
 
 
@@ -684,6 +738,9 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     if len(dataset) == 0:
         raise BetaPRMInputError(f"no record fits --max-length {cfg.max_length}; raise it")
 
+    packing = cfg.packing and getattr(prm, "processor", None) is None
+    if cfg.packing and not packing:
+        say("packing: off (vision-language batches keep padding)")
     args = TrainingArguments(
         output_dir=str(out_dir),
         learning_rate=cfg.learning_rate,
@@ -713,13 +770,14 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         model=prm,
         args=args,
         train_dataset=dataset,
-        data_collator=CountsCollator(_pad_id(prm.tokenizer)),
+        data_collator=CountsCollator(_pad_id(prm.tokenizer), pack=packing),
         objective=cfg.objective,
         lambda_reg=cfg.lambda_reg,
         hard_threshold=cfg.hard_threshold,
         head_lr_multiplier=cfg.head_lr_multiplier,
         kappa_detach=cfg.kappa_detach,
         group_by_length=cfg.group_by_length,
+        packing=packing,
         aux_lm_weight=cfg.aux_lm_weight,
         callbacks=list(callbacks or []),
     )

@@ -197,16 +197,29 @@ def _encode_multimodal_records(prm, records, max_length, truncation, stats, prog
 class CountsCollator:
     """Right-pads ``input_ids`` and concatenates K and N in row-major marker order, the
     order in which ``BetaPRM.forward`` returns its per-marker outputs; image inputs are
-    concatenated in the same example order, as the processors batch them."""
+    concatenated in the same example order, as the processors batch them.
 
-    def __init__(self, pad_id: int):
+    ``pack=True`` lays the same traces out without padding: first-fit decreasing into rows
+    as long as the batch's longest trace, each trace with its own ``position_ids`` from 0
+    and no ``attention_mask``, from which transformers builds a block-diagonal causal mask
+    (a trace never attends to another). ``lm_keep`` marks the next-token pairs inside one
+    trace, for the auxiliary language-model loss."""
+
+    def __init__(self, pad_id: int, pack: bool = False):
         self.pad_id = pad_id
+        self.pack = pack
 
     def __call__(self, features: list[dict]) -> dict:
-        ids, mask = pad_batch([f["input_ids"] for f in features], self.pad_id)
+        if self.pack:
+            if any(k in f for f in features for k in ("pixel_values", "image_grid_thw")):
+                raise BetaPRMInputError("packing is for text PRMs; vision-language batches keep padding")
+            features, batch = pack_rows(features, self.pad_id)
+        else:
+            ids, mask = pad_batch([f["input_ids"] for f in features], self.pad_id)
+            batch = {"input_ids": ids, "attention_mask": mask, "lm_keep": mask[:, 1:].bool()}
         k = torch.tensor([v for f in features for v in f["mc_correct"]], dtype=torch.float32)
         n = torch.tensor([v for f in features for v in f["mc_total"]], dtype=torch.float32)
-        batch = {"input_ids": ids, "attention_mask": mask, "mc_correct": k, "mc_total": n}
+        batch.update(mc_correct=k, mc_total=n)
         if all("index" in f for f in features):
             batch["record_index"] = torch.tensor([f["index"] for f in features], dtype=torch.long)
         for key in ("pixel_values", "image_grid_thw"):
@@ -214,3 +227,40 @@ class CountsCollator:
             if parts:
                 batch[key] = torch.cat(parts, dim=0)
         return batch
+
+
+def pack_rows(features: list[dict], pad_id: int, row_length: int = 0) -> tuple[list[dict], dict]:
+    """``features`` packed first-fit decreasing into rows of the longest one's length (or
+    ``row_length`` when longer: more traces per row, longer attention spans).
+    Returns the features in packed order (row by row, left to right: the order of their
+    markers in the batch) and ``input_ids``, ``position_ids``, ``lm_keep`` tensors. A
+    row's tail of padding is a segment of its own (positions from 0), attended by nothing
+    real."""
+    lengths = [len(f["input_ids"]) for f in features]
+    cap = max(max(lengths), row_length)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(features)), key=lambda i: -lengths[i]):  # stable: ties keep batch order
+        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if r is None:
+            rows.append([i])
+            room.append(cap - lengths[i])
+        else:
+            rows[r].append(i)
+            room[r] -= lengths[i]
+    ids = torch.full((len(rows), cap), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), cap), dtype=torch.long)
+    seg = torch.full((len(rows), cap), -1, dtype=torch.long)  # -1: padding
+    order = []
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            n = lengths[i]
+            ids[r, at : at + n] = torch.as_tensor(features[i]["input_ids"], dtype=torch.long)
+            pos[r, at : at + n] = torch.arange(n)
+            seg[r, at : at + n] = len(order)
+            order.append(i)
+            at += n
+        pos[r, at:] = torch.arange(cap - at)
+    keep = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] >= 0)
+    return [features[i] for i in order], {"input_ids": ids, "position_ids": pos, "lm_keep": keep}

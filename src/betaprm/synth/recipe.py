@@ -19,10 +19,10 @@ class DemoConfig:
     quick: bool = _f(False, "a small run with the same steps (smaller data, backbone and budgets)")
     long: bool = _f(
         False,
-        "the recipe that learns the whole step check: 8x96 backbone, 12,000 problems, 30%% off-by-one training "
-        "errors, 6,600 steps per PRM (meant for a GPU: --device cuda)",
+        "the recipe that learns the whole step check: MLP width 384 and 6,600 steps per PRM (the default on a GPU; "
+        "over an hour on 2 CPU cores)",
     )
-    n_train_problems: int | None = _f(None, "training problems (3000; --quick 500, --long 12000)")
+    n_train_problems: int | None = _f(None, "training problems (12000; --quick 500)")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
     error_boost: float = _f(
         2.0,
@@ -30,17 +30,18 @@ class DemoConfig:
     )
     train_near_miss: float | None = _f(
         None,
-        "training traces only: share of errors that are off by +-1 (the world's near_miss; --long 0.3); lower puts "
-        "more errors that keep the result's parity into training",
+        "training traces only: share of errors that are off by +-1 (0.3; the world's own is its near_miss); lower "
+        "puts more errors that keep the result's parity into training, so that a parity check alone does not fit",
     )
     n_val_problems: int | None = _f(None, "validation problems, for selector tuning (300; --quick 60)")
     n_test_problems: int | None = _f(None, "test problems, the Best-of-N pools (1000; --quick 150)")
     n_candidates: int = _f(16, "candidates per pool")
-    hidden_size: int | None = _f(None, "backbone width (128; --quick 96, --long 96)")
-    num_layers: int | None = _f(None, "backbone depth (4; --quick 3, --long 8)")
+    hidden_size: int | None = _f(None, "backbone width (96)")
+    num_layers: int | None = _f(None, "backbone depth (8; --quick 3)")
+    intermediate_size: int | None = _f(None, "backbone MLP width (192; --long 384)")
     pretrain_tokens: int | None = _f(None, "language-model pretraining budget in tokens (1000000; --quick 200000)")
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
-    prm_steps: int | None = _f(None, "optimiser steps for each PRM (1100; --quick 120, --long 6600)")
+    prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_lr: float = _f(1e-3, "PRM learning rate")
     head_lr_multiplier: float = _f(
@@ -69,9 +70,9 @@ class DemoConfig:
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     device: str = _f(
-        "cpu",
-        "cpu, cuda or auto (cuda when a GPU is present). On a GPU the same steps run in fp32, with numbers that "
-        "differ slightly from the CPU's",
+        "auto",
+        "cpu, cuda or auto (cuda when torch sees a GPU). On a GPU the run takes the --long recipe unless --quick "
+        "is given (the steps run in fp32; numbers differ slightly from a CPU's)",
     )
     backbone: str | None = _f(
         None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining"
@@ -88,6 +89,7 @@ class DemoConfig:
                 "n_candidates",
                 "hidden_size",
                 "num_layers",
+                "intermediate_size",
                 "pretrain_tokens",
                 "prm_steps",
                 "prm_batch",
@@ -112,23 +114,32 @@ class DemoConfig:
             raise BetaPRMInputError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
         return "cuda" if self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available()) else "cpu"
 
+    def recipe(self) -> str:
+        """quick, long or default: --long is the default on a GPU (``--device cuda``, or
+        ``auto`` with one present)."""
+        if self.quick:
+            return "quick"
+        return "long" if self.long or self.torch_device() == "cuda" else "default"
+
     def effective(self) -> DemoConfig:
         """The settings of the run: a setting left unset (None) takes the value of ``--quick``
         or ``--long`` if one is on, else the default recipe's; a setting given is kept, even
         when it equals the default recipe's."""
-        preset = {**BASE, **(PRESETS["quick"] if self.quick else PRESETS["long"] if self.long else {})}
+        preset = {**BASE, **(PRESETS[self.recipe()] if self.recipe() != "default" else {})}
         return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
 
 # The default recipe's values of the settings that the presets change.
 BASE = dict(
-    n_train_problems=3000,
+    n_train_problems=12_000,
     n_val_problems=300,
     n_test_problems=1000,
     pretrain_tokens=1_000_000,
-    prm_steps=1100,
-    hidden_size=128,
-    num_layers=4,
+    prm_steps=1500,
+    train_near_miss=0.3,
+    hidden_size=96,
+    num_layers=8,
+    intermediate_size=192,
 )
 PRESETS = {
     "quick": dict(
@@ -137,10 +148,9 @@ PRESETS = {
         n_test_problems=150,
         pretrain_tokens=200_000,
         prm_steps=120,
-        hidden_size=96,
         num_layers=3,
     ),
     # Found with benchmarks/probe_sweep.sh on a GPU: the smallest budget seen to learn the
     # mod-5 half of the step check, not only parity.
-    "long": dict(n_train_problems=12_000, train_near_miss=0.3, prm_steps=6600, hidden_size=96, num_layers=8),
+    "long": dict(prm_steps=6600, intermediate_size=384),
 }

@@ -258,7 +258,7 @@ class World:
         op = OPS.index(problem.ops[s][0])
         ker = self.kernel[problem.level, op]
         if boost == 0.0:
-            return np.zeros(n, dtype=np.int64)  # error-free traces (pretraining corpus)
+            return np.zeros(n, dtype=np.int64)  # error-free traces
         if boost != 1.0 and problem.ops[s][0] != "?":
             e = min(0.95, (1 - ker[0]) * boost)
             ker = ker.copy()
