@@ -320,9 +320,20 @@ def _trainer_class():
             """Packed rows must give each trace the hidden states it has alone: compares,
             for every trace that is not first in its row (the ones a mask that ignored
             position ids would let see another trace), the packed forward's hidden states
-            with a padded forward of the same traces. False: no such trace in this batch."""
+            with a padded forward of the same traces. False: no such trace in this batch.
+            Runs the unwrapped model, whose forward is no collective under DDP, and not at all
+            under DeepSpeed or FSDP, whose every forward is one (ranks that disagree on
+            checking would hang)."""
+            from .scoring import _pad_id, pad_batch
+
             prm = self.accelerator.unwrap_model(model)
+            if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+                logger.info("packing: not checked against padding under DeepSpeed / FSDP")
+                return True
             ids, pos = inputs["input_ids"], inputs["position_ids"]
+            pad = _pad_id(prm.tokenizer)
+            if not bool(((pos[:, 1:] == 0) & (ids[:, 1:] != pad)).any()):  # no row holds a second trace
+                return False
             later = []
             for r in range(ids.shape[0]):
                 starts = (pos[r] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
@@ -333,12 +344,10 @@ def _trainer_class():
                 ]
             if not later:
                 return False
-            from .scoring import _pad_id, pad_batch
-
             with torch.no_grad():
-                packed = model(input_ids=ids, position_ids=pos, return_hidden=True).hidden_states
-                alone_ids, alone_mask = pad_batch([ids[r, a:b].tolist() for r, a, b in later], _pad_id(prm.tokenizer))
-                alone = model(
+                packed = prm(input_ids=ids, position_ids=pos, return_hidden=True).hidden_states
+                alone_ids, alone_mask = pad_batch([ids[r, a:b].tolist() for r, a, b in later], pad)
+                alone = prm(
                     input_ids=alone_ids.to(ids.device), attention_mask=alone_mask.to(ids.device), return_hidden=True
                 ).hidden_states
             got = torch.cat([packed[r, a:b] for r, a, b in later]).float()

@@ -125,7 +125,7 @@ class DemoConfig:
         """The settings of the run: a setting left unset (None) takes the value of ``--quick``
         or ``--long`` if one is on, else the default recipe's; a setting given is kept, even
         when it equals the default recipe's."""
-        preset = {**BASE, **(PRESETS[self.recipe()] if self.recipe() != "default" else {})}
+        preset = {**BASE, **PRESETS.get(self.recipe(), {})}
         return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
 
