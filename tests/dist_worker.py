@@ -7,11 +7,21 @@ import os
 import sys
 from pathlib import Path
 
+from betaprm.data import dataset
 from betaprm.train import TrainConfig, train
 
 
 def main():
     lm, data, out = sys.argv[1:4]
+    tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    seen = []  # the record indices of every batch this rank trained on
+    collate = dataset.CountsCollator.__call__
+
+    def spy(self, features):
+        seen.append([f["index"] for f in features])
+        return collate(self, features)
+
+    dataset.CountsCollator.__call__ = spy
     cfg = TrainConfig(
         model=lm,
         data=data,
@@ -25,6 +35,7 @@ def main():
         use_cpu=True,
         ddp_backend="gloo",
         seed=1,
+        max_tokens_per_batch=tokens,
     )
     prm, trainer, _ = train(cfg)
     h = hashlib.sha256()
@@ -38,6 +49,7 @@ def main():
         "grad_accum": trainer.args.gradient_accumulation_steps,
         "kappa_bias": prm.kappa_head.bias.item(),
         "steps": trainer.state.global_step,
+        "seen": seen,
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(info))
 

@@ -441,3 +441,68 @@ def test_packing_check_passes_under_bf16_autocast(tmp_path, lm_dir, counts):
     run = cfg(lm_dir, counts, tmp_path / "bf16", precision="bf16", max_steps=4, save_steps=9, per_device_batch_size=8)
     _, trainer, _ = train(run)
     assert trainer.args.bf16 and not trainer.packing_unchecked  # a packed batch was checked and passed
+
+
+# ---------------------------------------------------------------------- batches by tokens
+def test_token_budget_batches_fit_the_budget_cover_every_example_once_and_split_for_processes():
+    from betaprm.data.dataset import TokenBudgetBatchSampler, batch_tokens
+
+    lengths = [((i * 37) % 101) + 5 for i in range(203)] + [700]  # one trace over the budget
+    for packed in (True, False):
+        s = TokenBudgetBatchSampler(lengths, 400, packed=packed, seed=3)
+        batches = s.all_batches()
+        assert sorted(i for b in batches for i in b) == list(range(204))  # each example once
+        assert list(s) == batches and len(s) == len(batches)
+        assert [203] in batches  # the long trace alone
+        assert all(batch_tokens([lengths[i] for i in b], packed) <= 400 for b in batches if b != [203])
+        assert len({len(b) for b in batches}) > 1  # many short traces or few long ones
+        assert TokenBudgetBatchSampler(lengths, 400, packed=packed, seed=3).all_batches() == batches
+        s.set_epoch(1)
+        assert s.all_batches() != batches
+    packed_b = TokenBudgetBatchSampler(lengths, 400, packed=True, seed=3).all_batches()
+    padded_b = TokenBudgetBatchSampler(lengths, 400, packed=False, seed=3).all_batches()
+    assert len(packed_b) < len(padded_b)  # packing fits more traces into the same positions
+    # Grouped: similar lengths share a batch.
+    grouped = TokenBudgetBatchSampler(lengths[:203], 400, packed=False, seed=3, group=5).all_batches()
+    spread = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in grouped if len(b) > 1]
+    assert np.mean(spread) < 30 and len(grouped) < len(padded_b)
+    # Three processes: the count divides by three, nothing dropped or repeated.
+    three = TokenBudgetBatchSampler(lengths, 400, packed=True, seed=3, world=3).all_batches()
+    assert len(three) % 3 == 0 and sorted(i for b in three for i in b) == list(range(204))
+    with pytest.raises(Exception, match="max_tokens"):
+        TokenBudgetBatchSampler(lengths, 0, packed=True)
+
+
+def test_a_step_is_the_same_however_it_is_cut_into_micro_batches(tmp_path, lm_dir, counts):
+    """The loss of an optimiser step is the mean over its scored steps: 2 micro-batches of 4
+    traces give the weights of 1 batch of 8 (a mean of per-micro-batch means would not)."""
+    kw = dict(aux_lm_weight=0.3, save_steps=100, objective="beta-binomial")
+    a, _, _ = train(cfg(lm_dir, counts, tmp_path / "a", per_device_batch_size=4, **kw))
+    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "b", per_device_batch_size=8, **kw))
+    pa, pb = params(a), params(b)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_token_budget_training_fits_the_budget_and_resumes_in_a_later_epoch(tmp_path, lm_dir):
+    from .helpers import make_counts
+
+    data = make_counts(tmp_path / "small.jsonl", n=24, seed=5)
+    kw = dict(max_tokens_per_batch=90, max_steps=8, save_steps=5, logging_steps=1)
+    full, trainer, _ = train(cfg(lm_dir, data, tmp_path / "a", **kw))
+    assert trainer.args.gradient_accumulation_steps >= 2
+    assert trainer.state.epoch > 2  # the run goes over the data more than twice
+    from betaprm.data.dataset import batch_tokens
+
+    sampler = trainer.token_batches
+    sampler.set_epoch(0)
+    assert all(batch_tokens([sampler.lengths[i] for i in b], True) <= 90 for b in sampler.all_batches())
+    assert len({len(b) for b in sampler.all_batches()}) > 1
+    shutil.copytree(tmp_path / "a" / "checkpoint-5", tmp_path / "b" / "checkpoint-5")
+    resumed, trainer_b, _ = train(cfg(lm_dir, data, tmp_path / "b", resume_from_checkpoint="last", **kw))
+    pa, pb = params(full), params(resumed)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-6, msg=k)
+    la = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+    lb = {h["step"]: h["loss"] for h in trainer_b.state.log_history if "loss" in h}
+    assert lb[8] == pytest.approx(la[8], rel=1e-5)

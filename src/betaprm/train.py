@@ -65,6 +65,12 @@ class TrainConfig:
     max_steps: int = _f(-1, "stop after this many optimiser steps (-1: run the epochs)")
     global_batch_size: int = _f(512, "traces per optimiser step, over all devices (reached by gradient accumulation)")
     per_device_batch_size: int = _f(4, "traces per forward pass on each device")
+    max_tokens_per_batch: int = _f(
+        0,
+        "a token budget per forward pass on each device instead of --per-device-batch-size: each batch holds as "
+        "many traces as fit this many positions (packed rows, or padded rows without packing), so short traces go "
+        "many at a time and long ones few; --global-batch-size is then reached on average (0: off)",
+    )
     max_length: int = _f(8192, "tokens per trace; longer traces keep the whole steps that fit")
     truncation: str = _f(
         "keep-steps", "keep-steps: cut long traces after the last whole step that fits; reject: leave them out"
@@ -141,6 +147,8 @@ class TrainConfig:
             problems.append(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.on_error not in ("fail", "skip"):
             problems.append(f"--on-error must be fail or skip, got {self.on_error!r}")
+        if self.max_tokens_per_batch < 0:
+            problems.append(f"--max-tokens-per-batch must be >= 0 (0: off), got {self.max_tokens_per_batch}")
         for name in ("global_batch_size", "per_device_batch_size", "logging_steps", "save_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -223,9 +231,11 @@ def _trainer_class():
             kappa_detach: bool = False,
             group_by_length: bool = False,
             packing: bool = False,
+            token_batches=None,
             **kwargs,
         ):
             super().__init__(*args, **kwargs)
+            self.token_batches = token_batches  # data/dataset.TokenBudgetBatchSampler, or None
             self.aux_lm_weight = aux_lm_weight
             self.objective = objective
             self.lambda_reg = lambda_reg
@@ -234,10 +244,12 @@ def _trainer_class():
             self.group_by_length = group_by_length
             self.kappa_detach = kappa_detach
             self.packing_unchecked = packing
-            # Our loss is a per-micro-batch mean: the Trainer divides it by the number of
-            # accumulation steps, and must not pass num_items_in_batch to the model.
+            # The loss of an optimiser step is the mean over the step's scored steps on this
+            # device, however the step is cut into micro-batches (get_batch_samples counts
+            # them; compute_loss weights each micro-batch by its share): the Trainer must not
+            # divide it by the accumulation steps again, nor pass the count to the model.
             self.model_accepts_loss_kwargs = False
-            self.loss_is_scaled_for_ga = False
+            self.loss_is_scaled_for_ga = True
             self._buf: dict[str, list] = {}
             # Ids of the records in each micro-batch since the last optimiser step, to
             # name them if the step turns out non-finite (set by train()).
@@ -268,6 +280,34 @@ def _trainer_class():
                 "counts, or start anew with a lower --learning-rate or a longer --warmup-ratio (another --output-dir, "
                 "or --overwrite-output-dir; a resume must keep the checkpoint's settings)."
             )
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+            # This device's scored steps in the optimiser step, and the auxiliary loss's tokens
+            # (not gathered: DDP averages the devices' means).
+            if self.aux_lm_weight > 0:
+                prm = self.accelerator.unwrap_model(self.model)
+                self._step_lm_tokens = sum(
+                    int(self._lm_targets(prm, b["input_ids"], b.get("lm_keep")).sum()) for b in batches
+                )
+            return batches, sum(int(b["mc_total"].numel()) for b in batches)
+
+        # ---- a token budget per forward pass (data/dataset.TokenBudgetBatchSampler)
+        def get_train_dataloader(self):
+            if self.token_batches is None:
+                return super().get_train_dataloader()
+            from torch.utils.data import DataLoader
+
+            loader = DataLoader(
+                self.train_dataset,
+                batch_sampler=self.token_batches,
+                collate_fn=self.data_collator,
+                num_workers=self.args.dataloader_num_workers,
+                pin_memory=self.args.dataloader_pin_memory,
+            )
+            # accelerate deals the batches out to the processes in turn (their count divides
+            # by the number of processes, so none is repeated).
+            return self.accelerator.prepare(loader)
 
         # ---- batches of similar length, in random order (data/dataset.LengthBucketSampler)
         def _get_train_sampler(self, train_dataset=None):
@@ -305,9 +345,13 @@ def _trainer_class():
                 # The NLL of the counts under the (unused) initial kappa is not logged:
                 # only what the objective optimises.
                 loss, parts = ce, {"ce": ce}
+            if num_items_in_batch is not None:  # training: this micro-batch's share of the step's mean
+                loss = loss * (k.numel() / num_items_in_batch)
             if self.aux_lm_weight > 0:
-                lm = self._lm_loss(model, out.hidden_states, inputs["input_ids"], lm_keep)
-                loss = loss + self.aux_lm_weight * lm
+                lm, n_tokens = self._lm_loss(model, out.hidden_states, inputs["input_ids"], lm_keep)
+                # The mean over the step's tokens likewise (get_batch_samples counted them).
+                step_lm = lm if num_items_in_batch is None else lm * (n_tokens / self._step_lm_tokens)
+                loss = loss + self.aux_lm_weight * step_lm
                 parts["lm"] = lm
             if model.training:
                 for name, val in parts.items():
@@ -366,17 +410,22 @@ def _trainer_class():
             logger.info("packing: packed traces match padded ones (relative difference %.2g)", err)
             return True
 
+        @staticmethod
+        def _lm_targets(prm, input_ids, lm_keep):
+            """Which next tokens the auxiliary loss predicts: not markers, not padding."""
+            keep = input_ids[:, 1:] != prm.config.marker_id
+            return keep if lm_keep is None else keep & lm_keep.to(keep.device)
+
         def _lm_loss(self, model, hidden, input_ids, lm_keep):
             """Mean next-token cross-entropy over the trace, markers and padding excluded
-            (``lm_keep``: the collator's next-token pairs inside one trace)."""
+            (``lm_keep``: the collator's next-token pairs inside one trace), and the number
+            of tokens it averages."""
             prm = self.accelerator.unwrap_model(model)
             head = prm.backbone.get_output_embeddings()
             labels = input_ids[:, 1:]
-            keep = labels != prm.config.marker_id
-            if lm_keep is not None:
-                keep = keep & lm_keep
+            keep = self._lm_targets(prm, input_ids, lm_keep)
             logits = head(hidden[:, :-1][keep]).float()  # (n_tokens, V)
-            return torch.nn.functional.cross_entropy(logits, labels[keep])
+            return torch.nn.functional.cross_entropy(logits, labels[keep]), int(keep.sum())
 
         def log(self, logs, start_time=None):
             if self._buf and "loss" in logs:
@@ -543,6 +592,33 @@ def _grad_accum(cfg: TrainConfig, world: int) -> int:
     return cfg.global_batch_size // per_step
 
 
+def _token_batches(cfg: TrainConfig, dataset, packing: bool, world: int, say):
+    """The token-budget batches (``--max-tokens-per-batch``) and the accumulation steps
+    that reach ``--global-batch-size`` traces per optimiser step on average."""
+    from .data.dataset import TokenBudgetBatchSampler
+
+    lengths = dataset.lengths()
+    sampler = TokenBudgetBatchSampler(
+        lengths,
+        cfg.max_tokens_per_batch,
+        packed=packing,
+        seed=cfg.seed,
+        group=50 if cfg.group_by_length else None,
+        world=world,
+    )
+    batches = sampler.all_batches()
+    per_batch = len(lengths) / len(batches)
+    grad_accum = max(1, round(cfg.global_batch_size / (per_batch * world)))
+    over = sum(1 for n in lengths if n > cfg.max_tokens_per_batch)
+    say(
+        f"token budget {cfg.max_tokens_per_batch} per forward pass: {len(batches)} batches of {per_batch:.1f} traces "
+        f"on average; {grad_accum} accumulation steps x {world} device(s) make about "
+        f"{grad_accum * world * per_batch:.0f} traces per optimiser step (--global-batch-size {cfg.global_batch_size})"
+        + (f"; {over} traces longer than the budget go one per batch" if over else "")
+    )
+    return sampler, grad_accum
+
+
 RUN_NAME = "betaprm_run.json"
 """Written into every checkpoint: the run's settings, which a resume must match."""
 
@@ -578,6 +654,8 @@ def run_record(cfg: TrainConfig) -> dict:
     from .provenance import fingerprint, settings_of
 
     settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    if not cfg.max_tokens_per_batch:  # recorded only when on: older checkpoints, without it, still resume
+        del settings["max_tokens_per_batch"]
     return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
 
 
@@ -688,7 +766,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     say = (log or logger.info) if rank == 0 else (lambda *a, **k: None)
-    grad_accum = _grad_accum(cfg, world)
+    grad_accum = _grad_accum(cfg, world) if not cfg.max_tokens_per_batch else None  # token budget: set below
     set_seed(cfg.seed)
     _refuse_used_output_dir(cfg, rank)  # before this run writes anything there
     out_dir = Path(cfg.output_dir)
@@ -750,6 +828,9 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     packing = cfg.packing and getattr(prm, "processor", None) is None
     if cfg.packing and not packing:
         say("packing: off (vision-language batches keep padding)")
+    token_batches = None
+    if cfg.max_tokens_per_batch:
+        token_batches, grad_accum = _token_batches(cfg, dataset, packing, world, say)
     args = TrainingArguments(
         output_dir=str(out_dir),
         learning_rate=cfg.learning_rate,
@@ -787,6 +868,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         kappa_detach=cfg.kappa_detach,
         group_by_length=cfg.group_by_length,
         packing=packing,
+        token_batches=token_batches,
         aux_lm_weight=cfg.aux_lm_weight,
         callbacks=list(callbacks or []),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,6 +91,93 @@ class LengthBucketSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         return iter([i for b in self.batches() for i in b])
+
+
+class TokenBudgetBatchSampler(torch.utils.data.Sampler):
+    """Batches of example indices that each fill at most ``max_tokens`` positions of the
+    batch tensor (``batch_tokens``: packed rows, or one padded row per trace), for one
+    process of ``world``: a batch holds many short traces or a few long ones.
+
+    Each epoch shuffles the examples (with ``group``: sorts each span of ``group``
+    budgets' worth by length first, so that a batch holds similar lengths) and fills batches
+    greedily in that order; the batches come in a random order. A trace longer than the
+    budget makes a batch of its own. Every process computes the same batches from ``seed`` and
+    the epoch (``set_epoch``; so a resumed run skips the same ones) and yields all of them;
+    accelerate deals them out to the ``world`` processes in turn. When their count does not
+    divide by ``world``, the largest batches are halved until it does, so that no process
+    repeats a batch to keep up (nothing is dropped or repeated)."""
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        max_tokens: int,
+        packed: bool,
+        seed: int = 0,
+        group: int | None = None,
+        world: int = 1,
+    ):
+        if max_tokens < 1:
+            raise BetaPRMInputError(f"max_tokens must be >= 1, got {max_tokens}")
+        if len(lengths) < world:
+            raise BetaPRMInputError(f"{len(lengths)} examples cannot make a batch for each of {world} processes")
+        self.lengths = list(lengths)
+        self.max_tokens = max_tokens
+        self.packed = packed
+        self.seed = seed
+        self.group = group
+        self.world = world
+        self.epoch = 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def all_batches(self) -> list[list[int]]:
+        """This epoch's batches, of all processes."""
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        g = torch.Generator()
+        g.manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=g).tolist()
+        if self.group:
+            mean = sum(self.lengths) / len(self.lengths)
+            span = max(1, int(self.group * self.max_tokens / mean))
+            order = [
+                i
+                for k in range(0, len(order), span)
+                for i in sorted(order[k : k + span], key=self.lengths.__getitem__)
+            ]
+        batches: list[list[int]] = []
+        pending = deque(order)
+        while pending:
+            # Fill by a bound that is cheap to keep (the traces' own tokens when packed, count
+            # x longest when padded), then give back traces while the packed rows overflow.
+            batch, total, longest = [], 0, 0
+            while pending:
+                n = self.lengths[pending[0]]
+                cost = total + n if self.packed else (len(batch) + 1) * max(longest, n)
+                if batch and cost > self.max_tokens:
+                    break
+                batch.append(pending.popleft())
+                total, longest = total + n, max(longest, n)
+            while len(batch) > 1 and batch_tokens([self.lengths[j] for j in batch], self.packed) > self.max_tokens:
+                pending.appendleft(batch.pop())
+            batches.append(batch)
+        batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
+        while len(batches) % self.world:
+            k = max(range(len(batches)), key=lambda b: len(batches[b]))
+            if len(batches[k]) < 2:  # cannot happen: len(lengths) >= world
+                raise RuntimeError("token-budget batches could not be split across processes")
+            half = len(batches[k]) // 2
+            batches[k : k + 1] = [batches[k][:half], batches[k][half:]]
+        self._cache = (self.epoch, batches)
+        return batches
+
+    def __len__(self) -> int:
+        return len(self.all_batches())
+
+    def __iter__(self):
+        return iter(self.all_batches())
 
 
 def encode_records(
@@ -229,6 +317,29 @@ class CountsCollator:
         return batch
 
 
+def first_fit_rows(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices of ``lengths`` packed first-fit decreasing into rows of ``max(lengths)``."""
+    cap = max(lengths)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: ties keep batch order
+        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if r is None:
+            rows.append([i])
+            room.append(cap - lengths[i])
+        else:
+            rows[r].append(i)
+            room[r] -= lengths[i]
+    return rows
+
+
+def batch_tokens(lengths: Sequence[int], packed: bool) -> int:
+    """Positions of the batch tensor the collator makes of traces of ``lengths``: rows x
+    the longest trace, packed (``first_fit_rows``) or one trace per row."""
+    rows = len(first_fit_rows(lengths)) if packed else len(lengths)
+    return rows * max(lengths)
+
+
 def pack_rows(features: list[dict], pad_id: int) -> tuple[list[dict], dict]:
     """``features`` packed first-fit decreasing into rows of the longest one's length.
     (Longer rows fit more traces but cost attention: on the demo's short traces, rows of
@@ -238,16 +349,7 @@ def pack_rows(features: list[dict], pad_id: int) -> tuple[list[dict], dict]:
     real."""
     lengths = [len(f["input_ids"]) for f in features]
     cap = max(lengths)
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(features)), key=lambda i: -lengths[i]):  # stable: ties keep batch order
-        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
-        if r is None:
-            rows.append([i])
-            room.append(cap - lengths[i])
-        else:
-            rows[r].append(i)
-            room[r] -= lengths[i]
+    rows = first_fit_rows(lengths)
     ids = torch.full((len(rows), cap), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), cap), dtype=torch.long)
     seg = torch.full((len(rows), cap), -1, dtype=torch.long)  # -1: padding
