@@ -170,3 +170,35 @@ def test_word_tokenizer_gives_one_token_per_word_and_number(tmp_path):
     assert tok("seven")["input_ids"] == [tok.unk_token_id]  # a word it never saw
     tok.save_pretrained(tmp_path)
     assert PreTrainedTokenizerFast.from_pretrained(tmp_path)(texts[0])["input_ids"] == tok(texts[0])["input_ids"]
+
+
+def test_value_prior_catches_a_scorer_that_reads_the_final_value_and_not_one_that_verifies():
+    from betaprm.synth.diagnostics import value_prior
+    from betaprm.synth.experiment import sample_pools
+    from betaprm.types import StepScores
+
+    w = World(WorldConfig())
+    policy = SynthPolicy(w, seed=1, error_boost=2.0)
+    val = sample_pools(w, policy, w.sample_problems(150, 3, "v"), 8)
+    test = sample_pools(w, policy, w.sample_problems(150, 4, "t"), 8)
+    full = value_prior(test, {}, val)
+    prior = np.array(full["prior"])
+    assert prior.max() - prior.min() > 0.2  # some final values are right far more often
+    assert abs(full["prior_auroc"] - 0.5) < 0.1  # ... across problems: within one it says ~nothing
+
+    def scores(f):
+        return [
+            [
+                StepScores(np.full(len(t.steps), f(t, b)), np.ones(len(t.steps)), np.zeros(len(t.steps)))
+                for t, b in zip(p.traces, p.bayes)
+            ]
+            for p in test
+        ]
+
+    # A scorer of the final value alone (plus a tiny tie-break), and the Bayes belief itself.
+    shortcut = value_prior(test, {"value": scores(lambda t, b: prior[t.values[-1]] + 1e-6 * t.values[-1])}, val)
+    assert shortcut["value"]["spearman_prior"] > 0.99
+    best = int(np.argmax(prior))
+    assert shortcut["value"]["pick_lift"][best] > 1.5  # it over-picks the likeliest value
+    assert abs(shortcut["bayes"]["spearman_prior"]) < shortcut["value"]["spearman_prior"] - 0.3
+    assert max(shortcut["bayes"]["pick_lift"]) < shortcut["value"]["pick_lift"][best]

@@ -122,6 +122,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         for key, v in bon_hits(test_pools, selectable, tuned, n=n).items():
             curves.setdefault(key, []).append(float(v.mean()))
     verification, clean_bias = diagnostics.verification(test_scores, test_pools, [p.correct for p in test_pools])
+    shortcut = diagnostics.value_prior(test_pools, test_scores, val_pools)
     cal, arrays = {}, {}
     for name in models:
         cal[name], arrays[name] = diagnostics.calibration(
@@ -150,6 +151,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         "verification": verification,
         "calibration": cal,
         "clean_bias_by_step": clean_bias,
+        "value_prior": shortcut,
     }
     aca = None
     if eff.aca:

@@ -71,6 +71,8 @@ def format_results(r: dict) -> str:
             f"mu - Bayes mean on error-free prefixes, steps 1..{len(r['clean_bias_by_step'][name])}, {label}: "
             + " ".join(f"{x:+.2f}" for x in r["clean_bias_by_step"][name])
         )
+    if "value_prior" in r:
+        parts.append(value_prior_table(r["value_prior"]))
     cs, cb = r["calibration"]["standard_prm"], r["calibration"]["betaprm"]
     parts.append("\nCalibration against the truth (test pools; NLL on held-out MC counts)")
     rows = [
@@ -170,3 +172,25 @@ def demo_plots(out, histories, arrays, curves, n_candidates, aca) -> None:
             points=points,
             xlabel="generated tokens (all test problems)",
         )
+
+
+def value_prior_table(vp: dict) -> str:
+    """The final-value shortcut (``synth.diagnostics.value_prior``) as a table."""
+    rows = []
+    for name, label in (("standard_prm", "standard PRM"), ("betaprm", "BetaPRM"), ("bayes", "Bayes belief")):
+        d = vp[name]
+        top = sorted(range(len(d["pick_lift"])), key=lambda v: -d["pick_lift"][v])[:3]
+        rows.append(
+            [
+                label,
+                f"{d['top1_accuracy']:.3f}",
+                ", ".join(f"{v} ({d['pick_lift'][v]:.1f}x)" for v in top),
+                f"{d['spearman_prior']:+.2f}",
+            ]
+        )
+    return (
+        "\nShortcut check: does top-1 (by final-step mu) pick final values rather than verified steps?\n"
+        + markdown_table(rows, ["scorer", "top-1 accuracy", "most over-picked values", "Spearman(mu, prior)"])
+        + "\nprior: P(correct | final value) on the validation pools, alone a within-problem AUROC of "
+        f"{vp['prior_auroc']:.3f}; over-picked: share of top-1 picks / share among candidates"
+    )

@@ -191,3 +191,49 @@ def verification(test_scores: dict, test_pools, labels):
             ).mean()
         )
     return verification, {name: d["clean_bias_by_step"] for name, d in steps.items() if name in test_scores}
+
+
+def value_prior(test_pools, test_scores: dict, val_pools) -> dict:
+    """Does a PRM judge the final value instead of the steps? A shortcut that needs no
+    verification: in the chain world some final values are right more often than others
+    (products mod 10 skew even and to 0; a +-1 error flips the parity), so ``P(correct |
+    final value)`` alone separates right from wrong answers a little across problems, and
+    misleads within one, where the right answer is fixed.
+
+    ``prior``: that probability per final value, from the validation pools (never the test
+    split); ``prior_auroc``: its within-problem AUROC on the test pools. Per scorer (test
+    scores, plus the Bayes belief): ``pick_lift``, the share of its top-1 picks (by final-step
+    mu) with each final value over that value's share among the candidates (1: no preference);
+    ``top1_accuracy``; ``spearman_prior``, the rank correlation of its final-step mu with
+    the prior over all test candidates (near 0 for a PRM that verifies, whatever the values)."""
+    from ..evaluation.metrics import spearman, within_problem_auroc
+
+    M = test_pools[0].problem.modulus
+    right, seen = np.zeros(M), np.zeros(M)
+    for p in val_pools:
+        for a, c in zip(p.answers, p.correct):
+            if a is not None:
+                right[a] += c
+                seen[a] += 1
+    prior = right / np.maximum(seen, 1)
+    answers = [[a if a is not None else 0 for a in p.answers] for p in test_pools]
+    labels = [p.correct for p in test_pools]
+    candidates = np.bincount([a for row in answers for a in row], minlength=M) / sum(map(len, answers))
+    out = {
+        "prior": prior.round(4).tolist(),
+        "candidate_share": candidates.round(4).tolist(),
+        "prior_auroc": within_problem_auroc([prior[row] for row in answers], labels),
+    }
+    finals = {name: [[s.mu[-1] for s in pool] for pool in sc] for name, sc in test_scores.items()}
+    finals["bayes"] = [[b.mean[-1] for b in p.bayes] for p in test_pools]
+    for name, mu in finals.items():
+        picks = [int(np.argmax(m)) for m in mu]
+        share = np.bincount([row[i] for row, i in zip(answers, picks)], minlength=M) / len(picks)
+        out[name] = {
+            "pick_lift": (share / np.maximum(candidates, 1e-12)).round(3).tolist(),
+            "top1_accuracy": float(np.mean([lab[i] for lab, i in zip(labels, picks)])),
+            "spearman_prior": spearman(
+                np.concatenate([np.asarray(m) for m in mu]), np.concatenate([prior[row] for row in answers])
+            ),
+        }
+    return out
