@@ -23,27 +23,7 @@ from betaprm.synth import (
     synth_is_correct,
     synth_tasks,
 )
-
-
-class BayesScorer:
-    """Scores chain-arithmetic traces with the exact Bayes belief: mu = posterior mean of
-    q_t, kappa = the moment-matched kappa*. Counts the traces it is asked to score."""
-
-    def __init__(self, world, problems):
-        self.world = world
-        self.by_q = {p.question: p for p in problems}
-        self.n_scored = 0
-
-    def __call__(self, traces):
-        out = []
-        for q, steps in traces:
-            p = self.by_q[q]
-            m, v = self.world.bayes_belief(p, self.world.values_of(p, steps))
-            m = np.clip(m, 1e-4, 1 - 1e-4)
-            k = np.clip(m * (1 - m) / np.maximum(v, 1e-9) - 1, 1e-3, 1e6)
-            out.append(StepScores.from_mu_kappa(m, k))
-        self.n_scored += len(traces)
-        return out
+from betaprm.synth.experiment import BayesScorer
 
 
 def _state(cands, **kw):

@@ -32,6 +32,10 @@ class GenerationRequest:
     seed: int | None = None
     """Sampling seed for this request (backends that support it): makes a resumed run
     draw what the uninterrupted run drew."""
+    max_steps: int | None = None
+    """Stop after this many new steps (step-level search asks for 1); None: to the final
+    answer. A backend that cannot stop there returns whole completions (``finished`` None)
+    and the caller keeps the first steps."""
 
 
 @dataclass
@@ -40,6 +44,9 @@ class Completion:
 
     steps: list[str]
     n_tokens: int
+    finished: bool | None = None
+    """Whether the last step is the final answer; None: the backend did not say (a whole
+    completion, which always ends with the answer)."""
 
 
 @runtime_checkable

@@ -257,3 +257,27 @@ def bon_hits(pools: list[Pool], scores: dict, tuned: dict, n: int | None = None)
         for key, scorer, selector, _ in BON_ROWS:
             out[key].append(hit(selector, pool.answers[:k], pool.correct[:k], by.get(scorer), tuned))
     return {k: np.array(v) for k, v in out.items()}
+
+
+class BayesScorer:
+    """Scores chain-arithmetic traces (whole or partial) with the exact Bayes belief: mu =
+    posterior mean of q_t, kappa = the moment-matched kappa*; the scorer of an ideal PRM,
+    for ACA and search. Counts the traces it is asked to score."""
+
+    def __init__(self, world: World, problems):
+        self.world = world
+        self.by_q = {p.question: p for p in problems}
+        self.n_scored = 0
+
+    def __call__(self, traces):
+        from ..types import StepScores
+
+        out = []
+        for q, steps in traces:
+            p = self.by_q[q]
+            m, v = self.world.bayes_belief(p, self.world.values_of(p, steps))
+            m = np.clip(m, 1e-4, 1 - 1e-4)
+            k = np.clip(m * (1 - m) / np.maximum(v, 1e-9) - 1, 1e-3, 1e6)
+            out.append(StepScores.from_mu_kappa(m, k))
+        self.n_scored += len(traces)
+        return out

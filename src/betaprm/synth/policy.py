@@ -43,7 +43,10 @@ class SynthPolicy:
             for row in cont:
                 values = list(prefix_vals) + [int(x) for x in row]
                 steps = self.world.step_texts(p, values, len(prefix_vals), rng)
-                comps.append(Completion(steps, sum(self.count_tokens(s) for s in steps)))
+                # The policy writes step by step: stopping after max_steps costs only those.
+                done = req.max_steps is None or len(steps) <= req.max_steps
+                steps = steps if done else steps[: req.max_steps]
+                comps.append(Completion(steps, sum(self.count_tokens(s) for s in steps), finished=done))
             out.append(comps)
         return out
 
