@@ -44,14 +44,24 @@ class SynthServer:
                 question = msgs[0]["content"].split("\n\n")[0]  # the instruction follows a blank line
                 prefix = msgs[1]["content"].split("\n\n") if len(msgs) > 1 else []
                 prefix = [s for s in prefix if s]
+                one = body.get("stop") == ["\n\n"]  # stop at the step boundary, as vLLM does
                 (comps,) = server.policy.generate(
-                    [GenerationRequest(question, prefix, 1, server.by_question[question], body.get("seed"))]
+                    [
+                        GenerationRequest(
+                            question,
+                            prefix,
+                            1,
+                            server.by_question[question],
+                            body.get("seed"),
+                            max_steps=1 if one else None,
+                        )
+                    ]
                 )
                 c = comps[0]
-                ans = {
-                    "choices": [{"message": {"role": "assistant", "content": "\n\n".join(c.steps)}}],
-                    "usage": {"completion_tokens": c.n_tokens},
-                }
+                choice = {"message": {"role": "assistant", "content": "\n\n".join(c.steps)}, "finish_reason": "stop"}
+                if one:
+                    choice["stop_reason"] = None if c.finished else "\n\n"
+                ans = {"choices": [choice], "usage": {"completion_tokens": c.n_tokens}}
                 self._send(200, json.dumps(ans).encode())
 
             def _send(self, code, data):

@@ -102,3 +102,87 @@ def test_bad_search_configuration_is_one_clear_error():
         SearchConfig(n=6, width=4)
     with pytest.raises(BetaPRMInputError, match="method"):
         SearchConfig(method="mcts")
+
+
+# ---------------------------------------------------------------- the command line
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory):
+    from betaprm.model import BetaPRM
+
+    from .helpers import make_lm_dir
+
+    d = tmp_path_factory.mktemp("prm")
+    BetaPRM.from_backbone(str(make_lm_dir(d / "lm"))).save_pretrained(d / "prm")
+    return d / "prm"
+
+
+def _records(path):
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_search_command_on_the_world_appends_and_resumes(tmp_path, prm_dir):
+    from betaprm.cli import main
+
+    out = tmp_path / "s.jsonl"
+    argv = ["search", "--model", str(prm_dir), "--n-problems", "6", "--n", "4", "--width", "2", "--out", str(out)]
+    assert main(argv + ["--method", "dvts"]) == 0
+    first = _records(out)
+    assert len(first) == 6 and all(isinstance(r["correct"], bool) and r["tokens"] > 0 for r in first)
+    assert main(argv + ["--method", "dvts"]) == 0  # a rerun finds every problem done
+    assert _records(out) == first
+    assert main(argv + ["--method", "beam"]) == 2  # other settings into the same --out: refused
+
+
+def test_search_and_aca_through_a_real_server_with_and_without_reference_answers(tmp_path, prm_dir, capsys):
+    """`betaprm search --backend openai`: one step per call (the stop at the blank line; the
+    server says when the model ended the trace, as vLLM does), answers read from the text.
+    Problems without an answer get a choice and no verdict, in search and in ACA."""
+    import json
+
+    from betaprm.cli import main
+
+    from .synth_server import SynthServer
+
+    world = World()
+    problems = world.sample_problems(4, 21, "w")
+    src = tmp_path / "problems.jsonl"
+    with open(src, "w") as f:
+        for i, p in enumerate(problems):
+            f.write(
+                json.dumps({"id": p.id, "question": p.question, **({"answer": str(p.answer)} if i < 2 else {})}) + "\n"
+            )
+    srv = SynthServer(problems)
+    common = ["--backend", "openai", "--policy", "synth", "--base-url", srv.url, "--problems", str(src)]
+    try:
+        rc = main(
+            [
+                "search",
+                *common,
+                "--model",
+                str(prm_dir),
+                "--n",
+                "4",
+                "--width",
+                "2",
+                "--out",
+                str(tmp_path / "s.jsonl"),
+            ]
+        )
+        one_step = [b for b in srv.bodies if b.get("stop") == ["\n\n"]]
+        rc_aca = main(["aca", *common, "--model", str(prm_dir), "--final", "lin", "--out", str(tmp_path / "a.jsonl")])
+    finally:
+        srv.close()
+    assert rc == 0 and rc_aca == 0
+    assert len(one_step) >= 4 * sum(p.T for p in problems)  # search asked step by step
+    for name in ("s.jsonl", "a.jsonl"):
+        recs = sorted(_records(tmp_path / name), key=lambda r: r["id"])  # appended as they finish
+        assert [r["id"] for r in recs] == [p.id for p in problems]
+        assert all(isinstance(r["correct"], bool) for r in recs[:2]), name
+        assert all(r["correct"] is None and r["answer"] is None and r["chosen_answer"] is not None for r in recs[2:])
+    search = sorted(_records(tmp_path / "s.jsonl"), key=lambda r: r["id"])
+    # A search of 4 beams over T + 1 steps: every beam finished with a whole trace.
+    assert all(r["pool_size"] >= 1 and r["rounds"] == p.T + 1 for r, p in zip(search, problems))
+    out = capsys.readouterr().out
+    assert "on the 2 with an answer" in out

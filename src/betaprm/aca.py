@@ -315,20 +315,32 @@ def run_aca(
 
 
 def summarize(records: Sequence[dict]) -> dict:
-    """Accuracy (a failed answer check counts as not correct and is counted apart),
+    """Accuracy over the problems with a reference answer (a failed answer check counts as
+    not correct and is counted apart; ``no_reference`` counts the others),
     generated tokens in all, mean pool size and the stop reasons."""
-    correct = np.array([bool(r["correct"]) for r in records], dtype=float)
+    # Problems given without a reference answer have a choice but no accuracy.
+    judged = [r for r in records if r.get("answer") is not None]
+    correct = np.array([bool(r["correct"]) for r in judged], dtype=float)
     reasons: dict[str, int] = {}
     for r in records:
         reasons[r["stop_reason"]] = reasons.get(r["stop_reason"], 0) + 1
     return {
         "n": len(records),
-        "acc": float(correct.mean()) if len(records) else float("nan"),
+        "no_reference": len(records) - len(judged),
+        "acc": float(correct.mean()) if len(judged) else float("nan"),
         "tokens": int(sum(r["tokens"] for r in records)),
         "mean_pool_size": float(np.mean([r["pool_size"] for r in records])) if records else float("nan"),
-        "check_failed": int(sum(r["correct"] is None for r in records)),
+        "check_failed": int(sum(r["correct"] is None for r in judged)),
         "stop_reasons": reasons,
     }
+
+
+def accuracy_phrase(s: dict) -> str:
+    """``summarize``'s accuracy in words, saying when problems had no reference answer."""
+    if s["n"] == s["no_reference"]:
+        return "no reference answers (choices only)"
+    judged = s["n"] - s["no_reference"]
+    return f"accuracy {s['acc']:.3f}" + (f" on the {judged} with an answer" if s["no_reference"] else "")
 
 
 def tune_rb_on_world(world, scorer: Scorer, budget: int, seed: int, lam: float | None = None, n_val: int = 300):

@@ -29,6 +29,7 @@ exactly). Records have ACA's form (``aca.summarize`` reads them).
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -186,14 +187,23 @@ def run_search(
     is_correct: Callable[[Task, Hashable | None], bool | None] | None = None,
     write_candidates: bool = False,
     progress: bool = True,
+    out=None,
 ) -> list[dict]:
     """Beam search or DVTS on ``tasks`` in lockstep (one generation and one scoring call a
     round over every problem still searching); one record per task, in order. Without
-    ``is_correct`` (no reference answers) a record has the choice and ``correct: None``."""
+    ``is_correct`` (no reference answers) a record has the choice and ``correct: None``.
+    ``out``: a JSONL file each finished problem appends its record to; a rerun skips the
+    problems already there (requests carry seeds derived from the problem, round and beam,
+    so a resumed run draws what an uninterrupted one would)."""
+    from .provenance import completed_ids, json_line
+
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise BetaPRMInputError("search tasks need unique ids")
-    states = [_Search(t, cfg) for t in tasks]
+    done_ids = completed_ids(out) if out else set()
+    states = [_Search(t, cfg) for t in tasks if t.id not in done_ids]
+    fresh: dict[str, dict] = {}
+    fh = open(out, "a", encoding="utf-8") if out else None
     bar = None
     if progress and states:
         from tqdm.auto import tqdm
@@ -208,7 +218,7 @@ def run_search(
                 for req, (_, grp, _) in zip(s.requests(s.rounds >= cfg.max_rounds), s.plan)
             ]
             comps = generator.generate([req for _, req, _ in plans])
-            fresh: list[tuple[_Search, Beam]] = []
+            grown: list[tuple[_Search, Beam]] = []
             for (s, req, grp), cs in zip(plans, comps):
                 for c in cs:
                     s.tokens += c.n_tokens
@@ -224,10 +234,10 @@ def run_search(
                     steps = list(req.prefix) + new
                     if not new:  # nothing generated: the beam cannot go on
                         continue
-                    fresh.append((s, Beam(steps, grp, done, answer=answer_of(steps) if done else None)))
-            scored = scorer([(s.task.question, b.steps) for s, b in fresh]) if fresh else []
+                    grown.append((s, Beam(steps, grp, done, answer=answer_of(steps) if done else None)))
+            scored = scorer([(s.task.question, b.steps) for s, b in grown]) if grown else []
             by_state: dict[int, list[Beam]] = {}
-            for (s, b), sc in zip(fresh, scored):
+            for (s, b), sc in zip(grown, scored):
                 b.scores = sc
                 by_state.setdefault(id(s), []).append(b)
             still = []
@@ -235,10 +245,25 @@ def run_search(
                 s.advance(by_state.get(id(s), []))
                 if s.plan:
                     still.append(s)
-                elif bar:
+                    continue
+                rec = fresh[s.task.id] = s.record(is_correct, write_candidates)
+                if fh:
+                    fh.write(json_line(rec))
+                    fh.flush()
+                if bar:
                     bar.update(1)
             active = still
     finally:
+        if fh:
+            fh.close()
         if bar:
             bar.close()
-    return [s.record(is_correct, write_candidates) for s in states]
+    if not done_ids:
+        return [fresh[i] for i in ids]
+    old = {}
+    with open(out, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                old[str(r["id"])] = r
+    return [fresh.get(i) or old[i] for i in ids]

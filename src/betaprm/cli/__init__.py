@@ -8,7 +8,7 @@ import sys
 
 from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
-from . import aca, convert, demo, eval_bon, eval_steps, label, score, serve, train, validate
+from . import aca, convert, demo, eval_bon, eval_steps, label, score, search, serve, train, validate
 
 COMMANDS = {
     "demo": demo,
@@ -18,6 +18,7 @@ COMMANDS = {
     "convert": convert,
     "label": label,
     "aca": aca,
+    "search": search,
     "eval-steps": eval_steps,
     "eval-bon": eval_bon,
     "serve": serve,

@@ -14,7 +14,8 @@ DESCRIPTION = """Run ACA (paper section 5) with a trained PRM as the scorer.
 Problems: the chain-arithmetic world's test split by default (the split `betaprm demo
 --seed S` uses; answers checked exactly), or --problems FILE.jsonl with id, question and
 answer per line (answers checked with math-verify; a check that fails is counted apart,
-never as wrong). Generation: --backend synth | transformers | openai | vllm.
+never as wrong; a line without answer is solved all the same, its record has the choice and
+no verdict). Generation: --backend synth | transformers | openai | vllm.
 
 Each problem appends one record to --out (rounds, cut points, stop reason, pool size,
 generated tokens, the candidates with their scores); rerunning the same command skips the
@@ -126,11 +127,16 @@ def read_problems(path: str) -> list:
     tasks, seen = [], set()
     for where, r in read_objects(
         path,
-        ("id", "question", "answer"),
-        "id, question and answer (the reference, for ACA's accuracy)",
+        ("id", "question"),
+        "id, question and, for an accuracy, answer (the reference)",
         flag="--problems",
     ):
-        rid, question, answer = problem_fields(r, where)
+        # Without an answer the problem is still solved: its record has the choice, no verdict.
+        if "answer" in r:
+            rid, question, answer = problem_fields(r, where)
+        else:
+            rid, question, _ = problem_fields({**r, "answer": "-"}, where)
+            answer = None
         if rid in seen:
             raise BetaPRMInputError(f"{where}: id {rid!r} appears twice; ids must be unique")
         seen.add(rid)
@@ -185,7 +191,7 @@ def run(args):
 def _run(cfg):
     import torch
 
-    from ..aca import run_aca, summarize, tune_rb_on_world
+    from ..aca import accuracy_phrase, run_aca, summarize, tune_rb_on_world
     from ..generation.factory import build_generator
     from ..model import BetaPRM
     from ..scoring import PRMScorer
@@ -229,7 +235,7 @@ def _run(cfg):
         answer_of = final_answer
 
         def is_correct(task, ans):
-            return checker.check(task.answer, ans)
+            return None if task.answer is None else checker.check(task.answer, ans)
 
         if cfg.final == "rb" and final_tau is None:
             print("betaprm aca: no --final-tau for S_RB on a problems file: the final choice uses S_lin (lambda 0.5)")
@@ -241,8 +247,9 @@ def _run(cfg):
     if cfg.problems is not None:
         checker.close()  # stops math-verify's worker process (on an error above, the exit does)
     s = summarize(records)
+    acc = accuracy_phrase(s)
     print(
-        f"{cfg.variant}: {s['n']} problems, accuracy {s['acc']:.3f}, {s['tokens']} generated tokens "
+        f"{cfg.variant}: {s['n']} problems, {acc}, {s['tokens']} generated tokens "
         f"({s['tokens'] / max(s['n'], 1):.0f} per problem), mean pool {s['mean_pool_size']:.1f}, stops "
         f"{s['stop_reasons']}"
         + (f", {s['check_failed']} answer checks failed" if s["check_failed"] else "")

@@ -161,6 +161,8 @@ class OpenAIGenerator:
             body["top_k"] = s.top_k  # vLLM/SGLang extension; OpenAI itself ignores it
         if req.seed is not None:
             body["seed"] = (req.seed * 1009 + copy) % 2**31  # servers take a 32-bit seed
+        if req.max_steps == 1 and self.fmt.step_stop():
+            body["stop"] = [self.fmt.step_stop()]  # one step (step-level search)
         if self.endpoint == "chat":
             msgs, prefilled = self.fmt.messages(req.question, list(req.prefix))
             body["messages"] = msgs
@@ -234,7 +236,19 @@ class OpenAIGenerator:
                 f"choices[0].{'message.content' if self.endpoint == 'chat' else 'text'} "
                 f"or usage.completion_tokens: {json.dumps(ans)[:300]}"
             ) from None
-        return Completion(self.fmt.split_steps(text or ""), n_tokens)
+        steps = self.fmt.split_steps(text or "")
+        if "stop" not in body:
+            return Completion(steps, n_tokens)
+        # One step was asked for: did the model end the trace (the final answer, or its end of
+        # text) or stop at the step boundary? vLLM says which stop it met (stop_reason: the
+        # string, or None at the end of text); other servers do not, and the answer decides.
+        if "stop_reason" in choice:
+            finished = choice["stop_reason"] is None and choice.get("finish_reason") == "stop"
+        else:
+            from ..answers import final_answer
+
+            finished = final_answer(steps) is not None
+        return Completion(steps, n_tokens, finished=finished)
 
     # ------------------------------------------------------------------ protocol
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:

@@ -80,6 +80,11 @@ class TextFormat:
             parts.append(text[pos:])
         return [p.strip() for p in parts if p and p.strip()]
 
+    def step_stop(self) -> str | None:
+        """A stop string that ends generation after one step (step-level search), where
+        the layout has one: the blank line of ``blank-line``."""
+        return "\n\n" if self.split == "blank-line" else None
+
     def join_steps(self, steps: list[str]) -> str:
         """Kept steps written back in the layout the model was asked for."""
         if self.split == "tags":
