@@ -22,6 +22,7 @@ class SynthServer:
         self.mode = mode
         self.calls = 0
         self.bodies = []
+        self.image_parts = []  # per request with images: its image URLs
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,7 +42,11 @@ class SynthServer:
                 if server.mode == "reject":
                     return self._send(400, b'{"error": "model not found"}')
                 msgs = body["messages"]
-                question = msgs[0]["content"].split("\n\n")[0]  # the instruction follows a blank line
+                user = msgs[0]["content"]
+                if isinstance(user, list):  # text and image_url parts (problems with images)
+                    server.image_parts.append([p["image_url"]["url"] for p in user if p["type"] == "image_url"])
+                    user = next(p["text"] for p in user if p["type"] == "text")
+                question = user.split("\n\n")[0]  # the instruction follows a blank line
                 prefix = msgs[1]["content"].split("\n\n") if len(msgs) > 1 else []
                 prefix = [s for s in prefix if s]
                 one = body.get("stop") == ["\n\n"]  # stop at the step boundary, as vLLM does

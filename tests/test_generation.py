@@ -279,3 +279,33 @@ def test_transformers_batches_bounded_by_tokens(tiny_lm, bpe_tokenizer):
         width = max(lengths[i] for i, _ in b) + 10
         assert len(b) <= 4 and (len(b) == 1 or len(b) * width <= 100)
     assert [len(b) for _, b in batches] == [2, 1, 1, 3, 1]
+
+
+def test_vllm_backend_asks_for_one_step_and_reads_vllms_stop_reason():
+    """vLLM cannot run on this CPU-only machine (the GPU tier runs it for real): a stand-in
+    for its LLM object, with vLLM's SamplingParams fields and CompletionOutput attributes,
+    checks what the backend asks for one step and how it reads the answer."""
+    from types import SimpleNamespace
+
+    from betaprm.generation.vllm import VLLMGenerator
+
+    seen = []
+
+    class LLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            seen.extend(params)
+            outs = [
+                SimpleNamespace(text="2 + 2 = 4", token_ids=[1, 2, 3], stop_reason="\n\n", finish_reason="stop"),
+                SimpleNamespace(text="The answer is 4", token_ids=[1, 2], stop_reason=None, finish_reason="stop"),
+            ]
+            return [SimpleNamespace(outputs=outs) for _ in prompts]
+
+    gen = object.__new__(VLLMGenerator)
+    gen.fmt, gen.sampling, gen.tokenizer, gen.llm = TextFormat(), Sampling(), None, LLM()
+    gen._vllm = SimpleNamespace(SamplingParams=lambda **kw: kw)
+    one, whole = gen.generate([GenerationRequest("q", ["1 + 1 = 2"], 2, max_steps=1), GenerationRequest("q", [], 2)])
+    assert seen[0]["stop"] == ["\n\n"] and seen[1]["stop"] is None
+    assert [c.finished for c in one] == [False, True] and [c.finished for c in whole] == [None, None]
+    assert [c.n_tokens for c in one] == [3, 2] and one[0].steps == ["2 + 2 = 4"]
+    with pytest.raises(BetaPRMInputError, match="--backend openai"):
+        gen.generate([GenerationRequest("q", [], 1, images=["a.png"])])

@@ -186,3 +186,67 @@ def test_search_and_aca_through_a_real_server_with_and_without_reference_answers
     assert all(r["pool_size"] >= 1 and r["rounds"] == p.T + 1 for r, p in zip(search, problems))
     out = capsys.readouterr().out
     assert "on the 2 with an answer" in out
+
+
+def test_problems_with_images_reach_a_vision_language_policy_and_prm(tmp_path):
+    """ACA and search on problems with images: the OpenAI-compatible backend sends each
+    image as an image_url part (a data URL) of the user turn, and a vision-language BetaPRM
+    scores the candidates with the images."""
+    import base64
+    import json
+
+    from PIL import Image
+
+    from betaprm.cli import main
+    from betaprm.model import BetaPRM
+    from betaprm.tiny import save_vlm_dir, tiny_vlm
+
+    from .synth_server import SynthServer
+
+    model, proc = tiny_vlm("qwen2_5_vl")
+    save_vlm_dir(model, proc, tmp_path / "vlm")
+    BetaPRM.from_backbone(str(tmp_path / "vlm")).save_pretrained(tmp_path / "prm")
+    (tmp_path / "img").mkdir()
+    Image.fromarray(np.full((28, 28, 3), 200, dtype="uint8")).save(tmp_path / "img" / "a.png")
+    world = World()
+    problems = world.sample_problems(3, 31, "i")
+    src = tmp_path / "problems.jsonl"
+    with open(src, "w") as f:
+        for i, p in enumerate(problems):
+            f.write(
+                json.dumps(
+                    {"id": p.id, "question": p.question, "answer": str(p.answer), "images": ["img/a.png"] if i else []}
+                )
+                + "\n"
+            )
+    srv = SynthServer(problems)
+    common = [
+        "--backend",
+        "openai",
+        "--policy",
+        "synth",
+        "--base-url",
+        srv.url,
+        "--problems",
+        str(src),
+        "--model",
+        str(tmp_path / "prm"),
+    ]
+    try:
+        rc = main(["aca", *common, "--final", "lin", "--budget", "4", "--out", str(tmp_path / "a.jsonl")])
+        rc_search = main(["search", *common, "--n", "2", "--width", "2", "--out", str(tmp_path / "s.jsonl")])
+    finally:
+        srv.close()
+    assert rc == 0 and rc_search == 0
+    png = base64.b64encode((tmp_path / "img" / "a.png").read_bytes()).decode()
+    assert srv.image_parts and all(urls == [f"data:image/png;base64,{png}"] for urls in srv.image_parts)
+    with_images = [b for b in srv.bodies if isinstance(b["messages"][0]["content"], list)]
+    assert len(with_images) == len(srv.image_parts) and len(with_images) < len(
+        srv.bodies
+    )  # the first problem has none
+    for name in ("a.jsonl", "s.jsonl"):
+        recs = {r["id"]: r for r in _records(tmp_path / name)}
+        assert "images" not in recs[problems[0].id] and recs[problems[1].id]["images"][0].endswith("a.png")
+    # A problem whose image is missing is refused before anything runs, naming the line.
+    src.write_text(json.dumps({"id": "x", "question": "q", "images": ["nope.png"]}) + "\n")
+    assert main(["aca", *common, "--out", str(tmp_path / "b.jsonl")]) == 2

@@ -126,8 +126,14 @@ class _State:
         self.tokens = 0
         self.done = False
         self.stop_reason = ""
-        self.next_req = GenerationRequest(task.question, [], cfg.n0, task.handle, _request_seed(cfg.seed, task.id, 0))
+        self.next_req = self._request([], cfg.n0, 0)
         self.next_meta = (None, None)  # (parent, cut) of the next batch
+
+    def _request(self, prefix: list[str], n: int, rnd: int) -> GenerationRequest:
+        t = self.task
+        return GenerationRequest(
+            t.question, prefix, n, t.handle, _request_seed(self.cfg.seed, t.id, rnd), images=list(t.images)
+        )
 
     def view(self) -> list[StepScores]:
         """The pool's scores with ACA's sigma (learned, proxy or zero)."""
@@ -162,18 +168,15 @@ class _State:
             return
         n = min(cfg.m, cfg.budget - len(self.cands))
         rnd = len(self.rounds) + 1
-        seed = _request_seed(cfg.seed, self.task.id, rnd)
         if not cfg.repair:
-            self.next_req = GenerationRequest(self.task.question, [], n, self.task.handle, seed)
+            self.next_req = self._request([], n, rnd)
             self.next_meta = (None, None)
             info.update(action="sample", new=n)
         else:
             others = rivals or [i for i in range(len(self.cands)) if i != best]
             target = max(others, key=lambda i: (ucb[i], -i))
             cut = self._cut(pool[target])
-            self.next_req = GenerationRequest(
-                self.task.question, list(self.cands[target].steps[:cut]), n, self.task.handle, seed
-            )
+            self.next_req = self._request(list(self.cands[target].steps[:cut]), n, rnd)
             self.next_meta = (target, cut)
             info.update(action="repair", repaired=target, cut=cut, new=n)
         self.rounds.append(info)
@@ -209,6 +212,7 @@ class _State:
             "id": self.task.id,
             "question": self.task.question,
             "answer": self.task.answer,
+            **({"images": self.task.images} if self.task.images else {}),
             "chosen": chosen,
             "chosen_answer": ans,
             "correct": check(ans),
@@ -278,7 +282,7 @@ def run_aca(
                     s.cands.append(cand)
                     new.append((s, cand))
             scorable = [(s, c) for s, c in new if c.steps]
-            scored = scorer([(s.task.question, c.steps) for s, c in scorable]) if scorable else []
+            scored = scorer([s.task.trace(c.steps) for s, c in scorable]) if scorable else []
             for (s, c), sc in zip(scorable, scored):
                 c.scores = sc
             for s, c in new:

@@ -330,11 +330,12 @@ class PRMScorer:
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
 
-    def __call__(self, traces: Sequence[tuple[str, Sequence[str]]]) -> list[StepScores]:
-        names = [f"a candidate of question {q[:60]!r}" for q, _ in traces]
+    def __call__(self, traces: Sequence[tuple]) -> list[StepScores]:
+        """``(question, steps)`` or ``(question, steps, image paths)`` traces."""
+        names = [f"a candidate of question {t[0][:60]!r}" for t in traces]
         return score_traces(
             self.prm,
-            [(q, list(s)) for q, s in traces],
+            [(t[0], list(t[1]), *t[2:]) for t in traces],
             batch_size=self.batch_size,
             max_batch_tokens=self.max_batch_tokens,
             names=names,

@@ -115,6 +115,7 @@ class _Search:
                 n,
                 self.task.handle,
                 _seed(self.cfg.seed, self.task.id, self.rounds, k),
+                images=list(self.task.images),
                 max_steps=None if complete else 1,
             )
             for k, (prefix, _, n) in enumerate(self.plan)
@@ -157,6 +158,8 @@ class _Search:
         cfg = self.cfg
         pool = self.finished
         rec = {"id": self.task.id, "question": self.task.question, "answer": self.task.answer}
+        if self.task.images:
+            rec["images"] = self.task.images
         if pool:
             scores = candidate_scores([b.scores for b in pool], cfg.final, cfg.final_lam, cfg.final_tau)
             chosen = int(np.argmax(scores))
@@ -235,7 +238,7 @@ def run_search(
                     if not new:  # nothing generated: the beam cannot go on
                         continue
                     grown.append((s, Beam(steps, grp, done, answer=answer_of(steps) if done else None)))
-            scored = scorer([(s.task.question, b.steps) for s, b in grown]) if grown else []
+            scored = scorer([s.task.trace(b.steps) for s, b in grown]) if grown else []
             by_state: dict[int, list[Beam]] = {}
             for (s, b), sc in zip(grown, scored):
                 b.scores = sc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,3 +49,9 @@ class Task:
     question: str
     answer: Any = None
     handle: Any = None
+    images: list[str] = field(default_factory=list)
+    """Image paths of the problem: sent to vision-language policies and PRMs."""
+
+    def trace(self, steps) -> tuple:
+        """What a scorer takes for ``steps`` of this problem (with its images, if any)."""
+        return (self.question, steps, self.images) if self.images else (self.question, steps)

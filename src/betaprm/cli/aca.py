@@ -119,7 +119,7 @@ def add_arguments(parser):
 
 
 def read_problems(path: str) -> list:
-    """Text problems (id, question, answer) with file:line errors."""
+    """Problems (id, question, optional answer and images) with file:line errors."""
     from ..data.records import problem_fields, read_objects
     from ..errors import BetaPRMInputError
     from ..types import Task
@@ -140,8 +140,27 @@ def read_problems(path: str) -> list:
         if rid in seen:
             raise BetaPRMInputError(f"{where}: id {rid!r} appears twice; ids must be unique")
         seen.add(rid)
-        tasks.append(Task(rid, question, answer))
+        tasks.append(Task(rid, question, answer, images=_images(r, where, path)))
     return tasks
+
+
+def _images(r: dict, where: str, path: str) -> list[str]:
+    """A problem's ``images`` (paths, relative ones to the problems file's folder)."""
+    from pathlib import Path
+
+    from ..errors import BetaPRMInputError
+    from ..scoring import _pool_images
+
+    imgs = r.get("images", [])
+    if not isinstance(imgs, list) or not all(isinstance(p, str) and p for p in imgs):
+        raise BetaPRMInputError(f"{where}: field 'images' must be a list of image paths, got {imgs!r:.80}")
+    paths = _pool_images({"images": imgs}, path)
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise BetaPRMInputError(
+            f"{where}: field 'images': no such file {missing[0]!r}; fix: paths are relative to the problems file"
+        )
+    return paths
 
 
 # Options that do not change a record (batching, device, paths, how a server is reached,

@@ -32,6 +32,9 @@ class GenerationRequest:
     seed: int | None = None
     """Sampling seed for this request (backends that support it): makes a resumed run
     draw what the uninterrupted run drew."""
+    images: list[str] = field(default_factory=list)
+    """Image paths of the problem, for vision-language policies (the OpenAI-compatible
+    backend sends them as image_url parts); a backend that cannot send them refuses."""
     max_steps: int | None = None
     """Stop after this many new steps (step-level search asks for 1); None: to the final
     answer. A backend that cannot stop there returns whole completions (``finished`` None)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import BetaPRMInputError
 from .base import Completion, GenerationRequest
 from .text import Sampling, TextFormat
 
@@ -82,6 +83,11 @@ class TransformersGenerator:
 
     @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        if any(r.images for r in requests):
+            raise BetaPRMInputError(
+                "--backend transformers generates from text only; for problems with images serve a vision-language "
+                "policy (e.g. `vllm serve`) and use --backend openai"
+            )
         eos = self._eos_ids()
         out: list[list[Completion]] = [[] for _ in requests]
         # Flatten to (request index, copy) so that batches hold batch_size sequences.

@@ -36,6 +36,16 @@ class _TooLarge(Exception):
     pass
 
 
+def image_data_url(path: str) -> str:
+    """An image file as a ``data:`` URL (what OpenAI-compatible servers take in image_url)."""
+    import base64
+    import mimetypes
+
+    mime = mimetypes.guess_type(path)[0] or "image/png"
+    with open(path, "rb") as f:
+        return f"data:{mime};base64,{base64.b64encode(f.read()).decode()}"
+
+
 def _http_post(url: str, data: bytes, headers: dict, timeout: float, max_bytes: int) -> tuple[int, str | None, bytes]:
     """POST ``data`` to ``url``: (status, Location header, body). The whole call ends
     within ``timeout`` seconds (TimeoutError past it); a body over ``max_bytes`` raises
@@ -165,11 +175,20 @@ class OpenAIGenerator:
             body["stop"] = [self.fmt.step_stop()]  # one step (step-level search)
         if self.endpoint == "chat":
             msgs, prefilled = self.fmt.messages(req.question, list(req.prefix))
+            if req.images:  # the user turn as text and image_url parts (data URLs: no file server needed)
+                user = next(m for m in msgs if m["role"] == "user")
+                user["content"] = [{"type": "text", "text": user["content"]}] + [
+                    {"type": "image_url", "image_url": {"url": image_data_url(p)}} for p in req.images
+                ]
             body["messages"] = msgs
             if prefilled:
                 body["continue_final_message"] = True
                 body["add_generation_prompt"] = False
             return "/chat/completions", body
+        if req.images:
+            raise BetaPRMInputError(
+                "problems with images need --endpoint chat (the completions endpoint takes text only)"
+            )
         body["prompt"] = self.fmt.prompt_text(req.question, list(req.prefix), self.tokenizer)
         return "/completions", body
 

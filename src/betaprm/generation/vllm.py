@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..errors import BetaPRMInputError
 from .base import Completion, GenerationError, GenerationRequest
 from .text import Sampling, TextFormat
 
@@ -50,6 +51,11 @@ class VLLMGenerator:
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        if any(r.images for r in requests):
+            raise BetaPRMInputError(
+                "--backend vllm (in process) generates from text only here; for problems with images run `vllm "
+                "serve` with the vision-language policy and use --backend openai"
+            )
         s = self.sampling
         params = [
             self._vllm.SamplingParams(
@@ -59,9 +65,24 @@ class VLLMGenerator:
                 top_k=s.top_k if s.top_k > 0 else -1,
                 max_tokens=s.max_new_tokens,
                 seed=r.seed,
+                stop=[self.fmt.step_stop()] if self._one_step(r) else None,
             )
             for r in requests
         ]
         prompts = [self.fmt.prompt_text(r.question, list(r.prefix), self.tokenizer) for r in requests]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[Completion(self.fmt.split_steps(o.text), len(o.token_ids)) for o in ro.outputs] for ro in outs]
+        return [
+            [
+                Completion(
+                    self.fmt.split_steps(o.text),
+                    len(o.token_ids),
+                    # One step asked: vLLM names the stop string it met, None at the end of text.
+                    finished=(o.stop_reason is None and o.finish_reason == "stop") if self._one_step(r) else None,
+                )
+                for o in ro.outputs
+            ]
+            for r, ro in zip(requests, outs)
+        ]
+
+    def _one_step(self, r: GenerationRequest) -> bool:
+        return r.max_steps == 1 and self.fmt.step_stop() is not None
