@@ -157,7 +157,7 @@ def test_health_and_models(server):
         ({"question": "q", "steps": ["a <prm> b"]}, None, 400, "contains the marker text"),
         ({"question": "q", "steps": ["word " * 2000]}, None, 413, "more than the model's 1024 positions"),
         ({"items": [{"question": "q", "steps": ["a"]}] * 65}, None, 413, "more than the server's 64"),
-        ({"question": "q", "steps": ["a"], "images": ["x.png"]}, None, 400, "images are not served yet"),
+        ({"question": "q", "steps": ["a"], "images": ["x.png"]}, None, 400, "text-only"),
         ({"question": "q", "steps": ["a"], "lam": "x"}, None, 400, "'lam' must be a finite number"),
     ],
 )
@@ -249,3 +249,49 @@ def test_api_key_and_graceful_shutdown(prm_dir):
         assert srv.proc.wait(30) in (0, -signal.SIGTERM)
     finally:
         srv.stop()
+
+
+def test_a_vision_language_betaprm_is_served_with_data_url_images(tmp_path):
+    """A tiny Qwen2.5-VL BetaPRM behind `betaprm serve`: images as data URLs give the
+    scores of the offline scorer on the same image files; a text-only server refuses them."""
+    import base64
+
+    from PIL import Image
+
+    from betaprm.tiny import save_vlm_dir, tiny_vlm
+
+    model, proc = tiny_vlm("qwen2_5_vl")
+    save_vlm_dir(model, proc, tmp_path / "vlm")
+    prm = BetaPRM.from_backbone(str(tmp_path / "vlm"))
+    prm.save_pretrained(tmp_path / "prm")
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (w, h) in enumerate([(40, 30), (28, 56)]):
+        paths.append(tmp_path / f"i{i}.png")
+        Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")).save(paths[-1])
+    url = [f"data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" for p in paths]
+    traces = [
+        ("what is in the picture ?", ["a square", "the answer is square"], [str(paths[0])]),
+        ("compare them", ["the first is wider"], [str(paths[0]), str(paths[1])]),
+        ("no image", ["1 + 1 = 2"], []),
+    ]
+    want = score_traces(prm.eval(), traces)
+    s = Server(tmp_path / "prm")
+    try:
+        items = [{"question": q, "steps": st, "images": url[: len(im)]} for q, st, im in traces]
+        status, body = s.request("POST", "/v1/score", {"items": items})
+        assert status == 200, body
+        for got, w in zip(body["results"], want):
+            np.testing.assert_allclose(got["mu"], w.mu, atol=1e-5)
+            np.testing.assert_allclose(got["kappa"], w.kappa, rtol=1e-5)
+        status, body = s.request(
+            "POST", "/v1/score", {"question": "q", "steps": ["a"], "images": ["file:///etc/passwd"]}
+        )
+        assert status == 400 and "data URL" in body["error"]
+        status, body = s.request(
+            "POST", "/v1/score", {"question": "q", "steps": ["a"], "images": ["data:image/png;base64,AAAA"]}
+        )
+        assert status == 400 and "not a readable image" in body["error"]
+        assert s.request("GET", "/health")[0] == 200  # still serving
+    finally:
+        s.stop()

@@ -3,7 +3,8 @@
 ``create_app(prm, ServeSettings(...))`` builds a FastAPI app (run by ``betaprm serve``
 under uvicorn) with
 
-- ``POST /v1/score``: one trace ``{"question", "steps"}`` or ``{"items": [...]}`` ->
+- ``POST /v1/score``: one trace ``{"question", "steps"}`` (with a vision-language BetaPRM
+  also ``"images"``: data URLs, ``data:image/png;base64,...``) or ``{"items": [...]}`` ->
   per step ``mu``, ``kappa``, ``sigma`` and trace scores (``mean``, ``min``, ``last``,
   ``prod``, ``lin``, and ``rb`` when a sigma threshold ``tau`` is known); ``lam`` and
   ``tau`` may be given per request;
@@ -98,6 +99,10 @@ class _Batcher:
 
     def _score(self, batch) -> list:
         """StepScores, or the RequestError of a trace over the model's positions, per item."""
+        if self.prm.processor is not None:  # vision-language: batches of traces, images decoded
+            from .vision import score_multimodal
+
+            return score_multimodal(self.prm, [t for t, _, _ in batch])
         ids = encode_traces(
             self.prm.tokenizer, self.prm.config.marker_id, [t for t, _, _ in batch], self.prm.config.trace_format
         )
@@ -164,7 +169,7 @@ class _Batcher:
                     f.set_exception(r) if isinstance(r, Exception) else f.set_result(r)
 
 
-def _chars(trace: tuple[str, list[str]]) -> int:
+def _chars(trace: tuple) -> int:
     return len(trace[0]) + sum(len(x) for x in trace[1])
 
 
@@ -184,18 +189,43 @@ def _number(obj: dict, key: str, default):
     return float(v)
 
 
-def _parse_trace(obj, where: str) -> tuple[str, list[str]]:
+MAX_IMAGES = 16
+"""Images per trace at most."""
+
+
+def _image(url, where: str):
+    """A ``data:image/...;base64,`` URL as a PIL image (the server reads no files or URLs)."""
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image
+
+    if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
+        raise RequestError(400, f"{where}: an image must be a data URL, 'data:image/png;base64,...'")
+    try:
+        raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+        with Image.open(io.BytesIO(raw)) as im:
+            return im.convert("RGB")
+    except (binascii.Error, ValueError, OSError, Image.DecompressionBombError) as e:
+        raise RequestError(400, f"{where}: not a readable image ({e})") from None
+
+
+def _parse_trace(obj, where: str, vision: bool = False) -> tuple:
     if not isinstance(obj, dict):
         raise RequestError(400, f"{where}: must be an object with 'question' and 'steps'")
     question = _text(obj, "question", where)
     steps = obj.get("steps")
     if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
         raise RequestError(400, f"{where}: field 'steps' must be a non-empty list of non-empty strings")
-    if obj.get("images"):
-        raise RequestError(
-            400, f"{where}: images are not served yet (betaprm serve scores text traces); leave out 'images'"
-        )
-    return question, steps
+    images = obj.get("images")
+    if not images:
+        return question, steps
+    if not vision:
+        raise RequestError(400, f"{where}: this server's BetaPRM is text-only; leave out 'images'")
+    if not isinstance(images, list) or len(images) > MAX_IMAGES:
+        raise RequestError(400, f"{where}: field 'images' must be a list of at most {MAX_IMAGES} data URLs")
+    return question, steps, [_image(u, f"{where}.images[{i}]") for i, u in enumerate(images)]
 
 
 def create_app(prm, settings: ServeSettings | None = None):
@@ -210,9 +240,8 @@ def create_app(prm, settings: ServeSettings | None = None):
         raise BetaPRMInputError(f"--aggregate must be one of {', '.join(METHODS)}, got {settings.aggregate!r}")
     if settings.aggregate == "rb" and settings.tau is None:
         raise BetaPRMInputError("--aggregate rb needs --tau (S_RB's sigma threshold)")
-    if prm.processor is not None:
-        raise BetaPRMInputError("betaprm serve scores text traces; this checkpoint is a vision-language BetaPRM")
     batcher = _Batcher(prm.eval(), settings)
+    vision = prm.processor is not None  # images come as data URLs in /v1/score
     limit = batcher.limit
 
     @asynccontextmanager
@@ -256,7 +285,7 @@ def create_app(prm, settings: ServeSettings | None = None):
                 "request",
             )
         marker = prm.config.marker
-        for name, (q, steps) in zip(names, traces):
+        for name, (q, steps, *_) in zip(names, traces):
             if marker in q or any(marker in x for x in steps):
                 raise RequestError(
                     400,
@@ -302,7 +331,7 @@ def create_app(prm, settings: ServeSettings | None = None):
             raise RequestError(400, "field 'items' must be a non-empty list of {question, steps} objects")
         lam, tau = _number(body, "lam", settings.lam), _number(body, "tau", settings.tau)
         names = ["the trace" if single else f"items[{i}]" for i in range(len(items))]
-        traces = [_parse_trace(it, n) for it, n in zip(items, names)]
+        traces = [_parse_trace(it, n, vision) for it, n in zip(items, names)]
         check(traces, names)
         scores = await batcher.score(traces, names)
         results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]

@@ -105,6 +105,9 @@ def load_images(paths: Sequence[str]):
 
     out = []
     for p in paths:
+        if hasattr(p, "convert"):  # an image already decoded (the reward server's data URLs)
+            out.append(p.convert("RGB"))
+            continue
         try:
             with Image.open(p) as im:
                 out.append(im.convert("RGB"))
