@@ -52,6 +52,10 @@ def main():
         f"ACA (budget {n}, S_lin)": ("aca", ACAConfig(budget=n, final="lin", seed=a.seed)),
         f"beam search ({n} beams, width {w})": ("search", SearchConfig("beam", n, w, seed=a.seed)),
         "beam search, rank mu + sigma": ("search", SearchConfig("beam", n, w, rank="ucb", seed=a.seed)),
+        "beam search, repair wrong-looking steps": (
+            "search",
+            SearchConfig("beam", n, w, repair=True, c=0.0, p_bad=0.2, seed=a.seed),
+        ),
         f"DVTS ({n // w} subtrees x {w})": ("search", SearchConfig("dvts", n, w, seed=a.seed)),
         "DVTS, rank mu + sigma": ("search", SearchConfig("dvts", n, w, rank="ucb", seed=a.seed)),
     }

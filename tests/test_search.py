@@ -250,3 +250,14 @@ def test_problems_with_images_reach_a_vision_language_policy_and_prm(tmp_path):
     # A problem whose image is missing is refused before anything runs, naming the line.
     src.write_text(json.dumps({"id": "x", "question": "q", "images": ["nope.png"]}) + "\n")
     assert main(["aca", *common, "--out", str(tmp_path / "b.jsonl")]) == 2
+
+
+def test_repair_rewrites_wrong_looking_steps_instead_of_building_on_them(world, problems):
+    recs, plain = run(world, problems, n=4, width=2)
+    rrecs, repaired = run(world, problems, n=4, width=2, repair=True, c=0.0, p_bad=0.2)
+    assert sum(r["repairs"] for r in rrecs) > 0 and all(r["repairs"] == 0 for r in recs)
+    # Under the exact belief a wrong verifiable step drops mu to ~0: repairing it gives the
+    # search more right traces to choose from, at the price of more rounds.
+    assert repaired["acc"] >= plain["acc"] - 0.02
+    assert repaired["tokens"] > plain["tokens"]
+    assert all(r["rounds"] <= 40 + 1 for r in rrecs)

@@ -16,7 +16,10 @@ step:
 sigma`` (optimism under BetaPRM's uncertainty: a step the PRM is unsure about is explored
 before one it is sure is mediocre). With ``prune`` a beam whose upper bound ``mu + c * sigma``
 is below another's lower bound ``mu - c * sigma`` is dropped even when a slot is free, and
-the kept beams share its extensions (beam search only). A finished beam (its completion
+the kept beams share its extensions (beam search only). With ``repair`` a kept beam whose
+latest step looks wrong (``mu - c * sigma < p_bad``) is cut before its earliest
+wrong-looking step and continued from there, as ACA repairs from its cut point (a wrong step
+is not built on). A finished beam (its completion
 wrote the final answer) leaves the search; the search ends when no beam is left unfinished or
 after ``max_rounds`` rounds (then the kept beams are completed in one call). The final answer
 is chosen among the finished beams by ``final`` (a selector of ``betaprm.selection``).
@@ -57,6 +60,12 @@ class SearchConfig:
     rank: str = _f("mu", "ranking score of a beam's latest step: mu, or ucb (mu + c * sigma)")
     c: float = _f(1.0, "width of the bounds mu +- c * sigma (rank ucb, prune)")
     prune: bool = _f(False, "beam: drop a beam whose upper bound is below another beam's lower bound")
+    repair: bool = _f(
+        False,
+        "a kept beam whose latest step looks wrong (mu - c * sigma < p_bad) has that step written anew instead of "
+        "being extended, as ACA repairs from its cut point",
+    )
+    p_bad: float = _f(0.3, "repair: the threshold of a wrong-looking step")
     final: str = _f("last", "selector of the final answer among finished beams: last, mean, min, prod, lin, rb")
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (required for final rb)")
@@ -106,6 +115,7 @@ class _Search:
         self.tokens = 0
         self.rounds = 0
         self.generated = 0
+        self.repairs = 0
 
     def requests(self, complete: bool) -> list[GenerationRequest]:
         return [
@@ -143,7 +153,7 @@ class _Search:
             for g in sorted({b.group for b in open_}):
                 members = [i for i, b in enumerate(open_) if b.group == g]
                 best = max(members, key=lambda i: (key[i], -i))
-                self.plan.append((open_[best].steps, g, cfg.width))
+                self.plan.append((self._grow_from(open_[best]), g, cfg.width))
             return
         keep = sorted(range(len(open_)), key=lambda i: (-key[i], i))[: cfg.n // cfg.width]
         if cfg.prune:
@@ -152,7 +162,20 @@ class _Search:
             keep = [i for i, (m, s) in zip(keep, bounds) if m + cfg.c * s >= best_lcb]
         # The kept beams share the round's n extensions (more each when some were pruned).
         share = [cfg.n // len(keep) + (1 if r < cfg.n % len(keep) else 0) for r in range(len(keep))]
-        self.plan = [(open_[i].steps, 0, k) for i, k in zip(keep, share)]
+        self.plan = [(self._grow_from(open_[i]), 0, k) for i, k in zip(keep, share)]
+
+    def _grow_from(self, b: Beam) -> list[str]:
+        """The prefix the next round continues: the beam, or, when its latest step looks
+        wrong and ``repair`` is on, the steps before the earliest wrong-looking one (ACA's
+        cut point), so that the wrong step is written anew."""
+        mu, sig = self._score(b)
+        if not self.cfg.repair or mu - self.cfg.c * sig >= self.cfg.p_bad:
+            return b.steps
+        s = b.scores
+        sigma = s.sigma if s.sigma is not None else np.zeros_like(s.mu)
+        cut = int(np.argmax(s.mu - self.cfg.c * sigma < self.cfg.p_bad))  # the earliest (the latest qualifies)
+        self.repairs += 1
+        return b.steps[:cut]
 
     def record(self, is_correct, write_candidates: bool) -> dict:
         cfg = self.cfg
@@ -175,6 +198,7 @@ class _Search:
             tokens=self.tokens,
             rounds=self.rounds,
             generated_completions=self.generated,
+            repairs=self.repairs,
         )
         if write_candidates:
             rec["candidates"] = [{"steps": b.steps, "answer": b.answer, **b.scores.to_dict()} for b in pool]

@@ -42,6 +42,12 @@ class SearchCommandConfig(BatchOptions, BackendOptions):
     rank: str = _f("mu", "ranking score of a beam's latest step: mu, or ucb (mu + c * sigma)")
     c: float = _f(1.0, "width of the bounds mu +- c * sigma (--rank ucb, --prune)")
     prune: bool = _f(False, "beam: drop a beam whose upper bound is below another beam's lower bound")
+    repair: bool = _f(
+        False,
+        "cut a kept beam whose latest step looks wrong (mu - c * sigma < p_bad) before its earliest wrong-looking "
+        "step and continue from there, as ACA repairs",
+    )
+    p_bad: float = _f(0.3, "--repair: the threshold of a wrong-looking step")
     final: str = _f("last", "selector of the final answer among finished beams: last, mean, min, prod, lin, rb")
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (required for --final rb)")
@@ -78,6 +84,8 @@ class SearchCommandConfig(BatchOptions, BackendOptions):
             rank=self.rank,
             c=self.c,
             prune=self.prune,
+            repair=self.repair,
+            p_bad=self.p_bad,
             final=self.final,
             final_lam=self.final_lam,
             final_tau=self.final_tau,

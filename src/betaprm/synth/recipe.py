@@ -39,6 +39,11 @@ class DemoConfig:
     hidden_size: int | None = _f(None, "backbone width (96)")
     num_layers: int | None = _f(None, "backbone depth (8; --quick 3)")
     intermediate_size: int | None = _f(None, "backbone MLP width (192; --long 384)")
+    tie_embeddings: bool = _f(
+        False,
+        "tie the backbone's output layer to its input embeddings: the written result and the predicted one in one "
+        "space, which the PRMs' step check learns faster from (see benchmarks/RESULTS.md)",
+    )
     pretrain_tokens: int | None = _f(None, "language-model pretraining budget in tokens (1000000; --quick 200000)")
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")

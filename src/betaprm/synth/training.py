@@ -36,6 +36,7 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
             num_heads=4,
             intermediate_size=cfg.intermediate_size,
             max_position_embeddings=512,
+            tie_word_embeddings=cfg.tie_embeddings,
             seed=cfg.seed,
         )
         .to(device)
