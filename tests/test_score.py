@@ -135,3 +135,66 @@ def test_bad_pool_records(tmp_path, prm_dir):
     )
     assert stats["scored"] == 3 and stats["rejected"] == 1
     assert json.loads((tmp_path / "rej.jsonl").read_text())["record"]["id"] == "bad"
+
+
+# ---------------------------------------------------------------------- packed scoring
+def _mixed_traces(n=40, seed=3):
+    rng = random.Random(seed)
+    return [
+        (
+            f"problem {i} " + "word " * rng.randint(0, 30),
+            [
+                f"{rng.randint(0, 9)} + {rng.randint(0, 9)} = {rng.randint(0, 18)} " + "so " * rng.randint(0, 8)
+                for _ in range(rng.randint(1, 8))
+            ],
+        )
+        for i in range(n)
+    ]
+
+
+def test_packed_scoring_gives_the_padded_scores(prm_dir):
+    from betaprm.formatting import encode_traces
+    from betaprm.scoring import score_token_ids
+
+    prm = BetaPRM.from_pretrained(prm_dir)
+    ids = encode_traces(prm.tokenizer, prm.config.marker_id, _mixed_traces(), prm.config.trace_format)
+    padded = score_token_ids(prm, ids, pack=False, max_batch_tokens=2048)
+    packed = score_token_ids(prm, ids, pack=True, max_batch_tokens=2048)
+    assert prm._betaprm_packing_checked  # some batch really held two traces in one row
+    for a, b in zip(packed, padded):
+        assert len(a.mu) == len(b.mu)
+        np.testing.assert_allclose(a.mu, b.mu, atol=1e-5)
+        np.testing.assert_allclose(a.kappa, b.kappa, rtol=1e-5)
+
+
+def test_packed_scoring_falls_back_to_padding_when_attention_ignores_position_ids(prm_dir, tmp_path, caplog):
+    """A real backbone whose attention masks causally over the whole row (packed traces would
+    see each other): the first packed batch is checked, packing is turned off for that model
+    with a warning, and every score is the padded one."""
+    import shutil
+
+    import torch.nn.functional as F
+    from transformers import AttentionInterface
+
+    from betaprm.formatting import encode_traces
+    from betaprm.scoring import score_token_ids
+
+    def causal_over_row(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("causal_over_row", causal_over_row)
+    leaky = tmp_path / "leaky"
+    shutil.copytree(prm_dir, leaky)
+    conf = json.loads((leaky / "config.json").read_text())
+    conf["attn_implementation"] = "causal_over_row"
+    (leaky / "config.json").write_text(json.dumps(conf))
+    prm = BetaPRM.from_pretrained(leaky)
+    assert prm.backbone.config._attn_implementation == "causal_over_row"
+    ids = encode_traces(prm.tokenizer, prm.config.marker_id, _mixed_traces(), prm.config.trace_format)
+    padded = score_token_ids(prm, ids, pack=False, max_batch_tokens=2048)
+    with caplog.at_level("WARNING"):
+        got = score_token_ids(prm, ids, max_batch_tokens=2048)
+    assert "does not keep packed traces apart" in caplog.text and prm._betaprm_packing is False
+    for a, b in zip(got, padded):
+        np.testing.assert_allclose(a.mu, b.mu, atol=1e-6)

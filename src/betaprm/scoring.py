@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._batching import _autocast, split_by_trace
+from ._batching import _packed_forward, _padded_forward
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
 from .provenance import completed_ids  # resuming: ids already in an output
@@ -143,28 +143,39 @@ def score_token_ids(
     batch_size: int | None = None,
     progress=None,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    pack: bool = True,
 ) -> list[StepScores]:
     """Score already-encoded traces (lists of token ids with marker tokens), in order.
 
-    Batches are packed by ``max_batch_tokens`` padded tokens (and at most ``batch_size``
-    traces when given), so memory is bounded by tokens, not by the number of traces.
+    Batches hold at most ``max_batch_tokens`` positions (and at most ``batch_size`` traces
+    when given), so memory is bounded by tokens, not by the number of traces. With ``pack``
+    (and no ``batch_size``) each batch's traces are laid out without padding (rows as long as
+    the longest, see ``_packed_forward``), the same scores for less compute; else padded.
     No autograd graph is kept. ``progress``: an optional callable given the number of
     traces finished per batch.
     """
-    device = prm.device
     pad = _pad_id(prm.tokenizer)
     results: list[StepScores | None] = [None] * len(token_ids)
     was_training = prm.training
     prm.eval()
+    lengths = [len(t) for t in token_ids]
+    packed = pack and getattr(prm, "_betaprm_packing", True) and batch_size is None
+    if packed:
+        from .data.dataset import fill_batches
+
+        # Longest first, each batch filled to the budget of packed positions.
+        batches = fill_batches(sorted(range(len(lengths)), key=lambda i: -lengths[i]), lengths, max_batch_tokens, True)
+    else:
+        batches = token_batches(lengths, max_batch_tokens, batch_size)
     try:
         with torch.inference_mode():
-            for batch in token_batches([len(t) for t in token_ids], max_batch_tokens, batch_size):
-                ids, mask = pad_batch([token_ids[i] for i in batch], pad)
-                with _autocast(device):
-                    out = prm(ids.to(device, non_blocking=True), attention_mask=mask.to(device, non_blocking=True))
-                for i, sc in zip(batch, split_by_trace(out, len(batch))):
+            for batch in batches:
+                seqs = [token_ids[i] for i in batch]
+                scores = _packed_forward(prm, seqs, pad) if packed else None
+                if scores is None:
+                    scores = _padded_forward(prm, seqs, pad)
+                for i, sc in zip(batch, scores):
                     results[i] = sc
-                del out
                 if progress is not None:
                     progress(len(batch))
     finally:

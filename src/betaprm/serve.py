@@ -335,7 +335,8 @@ def create_app(prm, settings: ServeSettings | None = None):
         check(traces, names)
         scores = await batcher.score(traces, names)
         results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]
-        return results[0] if single else {"results": results}
+        # A ready response: FastAPI's encoder would walk every float of every list again.
+        return JSONResponse(results[0] if single else {"results": results})
 
     @app.post("/get_reward")
     async def get_reward(request: Request):
@@ -361,6 +362,6 @@ def create_app(prm, settings: ServeSettings | None = None):
         check(traces, names)
         scores = await batcher.score(traces, names)
         agg = [trace_scores(s, settings.lam, settings.tau)[settings.aggregate] for s in scores]
-        return {"rewards": agg, "step_rewards": [s.mu.tolist() for s in scores]}
+        return JSONResponse({"rewards": agg, "step_rewards": [s.mu.tolist() for s in scores]})
 
     return app

@@ -345,17 +345,19 @@ def _trainer_class():
                 # The NLL of the counts under the (unused) initial kappa is not logged:
                 # only what the objective optimises.
                 loss, parts = ce, {"ce": ce}
-            if num_items_in_batch is not None:  # training: this micro-batch's share of the step's mean
-                loss = loss * (k.numel() / num_items_in_batch)
+            # Training: this micro-batch's share of the step's mean (1 when not counted).
+            share = {name: 1.0 if num_items_in_batch is None else k.numel() / num_items_in_batch for name in parts}
+            loss = loss * share[next(iter(parts))]
             if self.aux_lm_weight > 0:
                 lm, n_tokens = self._lm_loss(model, out.hidden_states, inputs["input_ids"], lm_keep)
                 # The mean over the step's tokens likewise (get_batch_samples counted them).
-                step_lm = lm if num_items_in_batch is None else lm * (n_tokens / self._step_lm_tokens)
-                loss = loss + self.aux_lm_weight * step_lm
+                share["lm"] = 1.0 if num_items_in_batch is None else n_tokens / self._step_lm_tokens
+                loss = loss + self.aux_lm_weight * lm * share["lm"]
                 parts["lm"] = lm
             if model.training:
+                # Logged as the loss is: each part weighted by its share of its step.
                 for name, val in parts.items():
-                    self._buf.setdefault(name, []).append(val.detach())
+                    self._buf.setdefault(name, []).append((val.detach() * share[name], share[name]))
                 self._buf.setdefault("mu", []).append(mu.detach())
                 self._buf.setdefault("kappa", []).append(kappa.detach())
             return (loss, out) if return_outputs else loss
@@ -431,7 +433,8 @@ def _trainer_class():
             if self._buf and "loss" in logs:
                 for name in ("nll", "reg", "ce", "lm"):
                     if name in self._buf:
-                        logs[name] = torch.stack(self._buf[name]).mean().item()
+                        vals, weights = zip(*self._buf[name])
+                        logs[name] = torch.stack(vals).sum().item() / sum(weights)
                 kappa = torch.cat(self._buf["kappa"]).float()
                 logs["kappa_mean"] = kappa.mean().item()
                 logs["kappa_p90"] = torch.quantile(kappa.cpu(), 0.9).item()

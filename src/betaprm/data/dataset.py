@@ -147,22 +147,7 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler):
                 for k in range(0, len(order), span)
                 for i in sorted(order[k : k + span], key=self.lengths.__getitem__)
             ]
-        batches: list[list[int]] = []
-        pending = deque(order)
-        while pending:
-            # Fill by a bound that is cheap to keep (the traces' own tokens when packed, count
-            # x longest when padded), then give back traces while the packed rows overflow.
-            batch, total, longest = [], 0, 0
-            while pending:
-                n = self.lengths[pending[0]]
-                cost = total + n if self.packed else (len(batch) + 1) * max(longest, n)
-                if batch and cost > self.max_tokens:
-                    break
-                batch.append(pending.popleft())
-                total, longest = total + n, max(longest, n)
-            while len(batch) > 1 and batch_tokens([self.lengths[j] for j in batch], self.packed) > self.max_tokens:
-                pending.appendleft(batch.pop())
-            batches.append(batch)
+        batches = fill_batches(order, self.lengths, self.max_tokens, self.packed)
         batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
         while len(batches) % self.world:
             k = max(range(len(batches)), key=lambda b: len(batches[b]))
@@ -338,6 +323,28 @@ def batch_tokens(lengths: Sequence[int], packed: bool) -> int:
     the longest trace, packed (``first_fit_rows``) or one trace per row."""
     rows = len(first_fit_rows(lengths)) if packed else len(lengths)
     return rows * max(lengths)
+
+
+def fill_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: int, packed: bool) -> list[list[int]]:
+    """``order`` cut greedily into batches of at most ``max_tokens`` positions
+    (``batch_tokens``); a trace over the budget makes a batch of its own."""
+    batches: list[list[int]] = []
+    pending = deque(order)
+    while pending:
+        # Fill by a bound that is cheap to keep (the traces' own tokens when packed, count x
+        # longest when padded), then give back traces while the packed rows overflow.
+        batch, total, longest = [], 0, 0
+        while pending:
+            n = lengths[pending[0]]
+            cost = total + n if packed else (len(batch) + 1) * max(longest, n)
+            if batch and cost > max_tokens:
+                break
+            batch.append(pending.popleft())
+            total, longest = total + n, max(longest, n)
+        while len(batch) > 1 and batch_tokens([lengths[j] for j in batch], packed) > max_tokens:
+            pending.appendleft(batch.pop())
+        batches.append(batch)
+    return batches
 
 
 def pack_rows(features: list[dict], pad_id: int) -> tuple[list[dict], dict]:
