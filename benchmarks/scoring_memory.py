@@ -38,7 +38,8 @@ from betaprm import BetaPRM
 from betaprm.evaluation.steps import read_visualprocessbench
 from betaprm.formatting import encode_traces
 from betaprm.model import CONFIG_NAME
-from betaprm.scoring import _pad_id, fit_traces, length_batches, pad_batch, score_token_ids, split_by_trace
+from betaprm._batching import split_by_trace
+from betaprm.scoring import _pad_id, fit_traces, length_batches, pad_batch, score_token_ids
 from pathlib import Path
 
 mode, model, traces, budget, fixed, threads, n, out = sys.argv[1:9]
