@@ -261,3 +261,11 @@ def test_repair_rewrites_wrong_looking_steps_instead_of_building_on_them(world, 
     assert repaired["acc"] >= plain["acc"] - 0.02
     assert repaired["tokens"] > plain["tokens"]
     assert all(r["rounds"] <= 40 + 1 for r in rrecs)
+
+
+def test_batched_equals_one_by_one(world, problems):
+    """Lockstep over many problems gives the records that searching each alone gives (every
+    request carries a seed derived from its problem, round and beam)."""
+    together, _ = run(world, problems[:10], method="dvts", n=4, width=2)
+    alone = [run(world, [p], method="dvts", n=4, width=2)[0][0] for p in problems[:10]]
+    assert together == alone
