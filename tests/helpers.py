@@ -50,3 +50,24 @@ def run_cli(*args, cwd=None, timeout=300):
     return subprocess.run(
         [sys.executable, "-m", "betaprm", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
     )
+
+
+def leaky_attention_copy(model_dir, dst):
+    """A copy of a model directory whose attention masks causally over the whole row,
+    ignoring position ids (as an architecture that builds its own mask would): packed
+    traces would see each other. Returns ``dst``."""
+    import shutil
+
+    import torch.nn.functional as F
+    from transformers import AttentionInterface
+
+    def causal_over_row(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("causal_over_row", causal_over_row)
+    shutil.copytree(model_dir, dst)
+    conf = json.loads((Path(dst) / "config.json").read_text())
+    conf["attn_implementation"] = "causal_over_row"
+    (Path(dst) / "config.json").write_text(json.dumps(conf))
+    return dst

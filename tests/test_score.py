@@ -171,24 +171,12 @@ def test_packed_scoring_falls_back_to_padding_when_attention_ignores_position_id
     """A real backbone whose attention masks causally over the whole row (packed traces would
     see each other): the first packed batch is checked, packing is turned off for that model
     with a warning, and every score is the padded one."""
-    import shutil
-
-    import torch.nn.functional as F
-    from transformers import AttentionInterface
-
     from betaprm.formatting import encode_traces
     from betaprm.scoring import score_token_ids
 
-    def causal_over_row(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+    from .helpers import leaky_attention_copy
 
-    AttentionInterface.register("causal_over_row", causal_over_row)
-    leaky = tmp_path / "leaky"
-    shutil.copytree(prm_dir, leaky)
-    conf = json.loads((leaky / "config.json").read_text())
-    conf["attn_implementation"] = "causal_over_row"
-    (leaky / "config.json").write_text(json.dumps(conf))
+    leaky = leaky_attention_copy(prm_dir, tmp_path / "leaky")
     prm = BetaPRM.from_pretrained(leaky)
     assert prm.backbone.config._attn_implementation == "causal_over_row"
     ids = encode_traces(prm.tokenizer, prm.config.marker_id, _mixed_traces(), prm.config.trace_format)

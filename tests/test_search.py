@@ -116,6 +116,16 @@ def prm_dir(tmp_path_factory):
     return d / "prm"
 
 
+def _problems_file(path, problems, extra):
+    """A problems file: id and question of each problem, and ``extra(i, problem)``'s fields."""
+    import json
+
+    path.write_text(
+        "".join(json.dumps({"id": p.id, "question": p.question, **extra(i, p)}) + "\n" for i, p in enumerate(problems))
+    )
+    return path
+
+
 def _records(path):
     import json
 
@@ -139,7 +149,6 @@ def test_search_and_aca_through_a_real_server_with_and_without_reference_answers
     """`betaprm search --backend openai`: one step per call (the stop at the blank line; the
     server says when the model ended the trace, as vLLM does), answers read from the text.
     Problems without an answer get a choice and no verdict, in search and in ACA."""
-    import json
 
     from betaprm.cli import main
 
@@ -147,12 +156,9 @@ def test_search_and_aca_through_a_real_server_with_and_without_reference_answers
 
     world = World()
     problems = world.sample_problems(4, 21, "w")
-    src = tmp_path / "problems.jsonl"
-    with open(src, "w") as f:
-        for i, p in enumerate(problems):
-            f.write(
-                json.dumps({"id": p.id, "question": p.question, **({"answer": str(p.answer)} if i < 2 else {})}) + "\n"
-            )
+    src = _problems_file(
+        tmp_path / "problems.jsonl", problems, lambda i, p: {"answer": str(p.answer)} if i < 2 else {}
+    )
     srv = SynthServer(problems)
     common = ["--backend", "openai", "--policy", "synth", "--base-url", srv.url, "--problems", str(src)]
     try:
@@ -210,15 +216,11 @@ def test_problems_with_images_reach_a_vision_language_policy_and_prm(tmp_path):
     Image.fromarray(np.full((28, 28, 3), 200, dtype="uint8")).save(tmp_path / "img" / "a.png")
     world = World()
     problems = world.sample_problems(3, 31, "i")
-    src = tmp_path / "problems.jsonl"
-    with open(src, "w") as f:
-        for i, p in enumerate(problems):
-            f.write(
-                json.dumps(
-                    {"id": p.id, "question": p.question, "answer": str(p.answer), "images": ["img/a.png"] if i else []}
-                )
-                + "\n"
-            )
+    src = _problems_file(
+        tmp_path / "problems.jsonl",
+        problems,
+        lambda i, p: {"answer": str(p.answer), "images": ["img/a.png"] if i else []},
+    )
     srv = SynthServer(problems)
     common = [
         "--backend",

@@ -415,21 +415,11 @@ def test_packing_check_stops_a_backbone_whose_attention_ignores_position_ids(tmp
     """A real backbone with an attention function that masks causally over the whole row
     (as an architecture that builds its own mask would): packed traces would see each
     other, and the first packed batch says so."""
-    import torch.nn.functional as F
-    from transformers import AttentionInterface
-
     from betaprm.errors import BetaPRMInputError
 
-    def causal_over_row(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+    from .helpers import leaky_attention_copy
 
-    AttentionInterface.register("causal_over_row", causal_over_row)
-    leaky = tmp_path / "leaky"
-    shutil.copytree(lm_dir, leaky)
-    conf = json.loads((leaky / "config.json").read_text())
-    conf["attn_implementation"] = "causal_over_row"
-    (leaky / "config.json").write_text(json.dumps(conf))
+    leaky = leaky_attention_copy(lm_dir, tmp_path / "leaky")
     with pytest.raises(BetaPRMInputError, match="packing check failed.*--no-packing"):
         train(cfg(leaky, counts, tmp_path / "out", packing=True))
     train(cfg(leaky, counts, tmp_path / "out2", packing=False, max_steps=2))  # padding needs no such mask

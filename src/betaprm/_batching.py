@@ -55,7 +55,7 @@ def _packed_forward(prm, seqs, pad: int) -> list[StepScores] | None:
             position_ids=batch["position_ids"].to(prm.device, non_blocking=True),
         )
     rep = prm.config.marker_repeat
-    counts = [sum(1 for t in f["input_ids"] if t == prm.config.marker_id) // rep for f in order]
+    counts = [list(f["input_ids"]).count(prm.config.marker_id) // rep for f in order]
     if sum(counts) != out.mu.numel():
         raise RuntimeError(f"packed scoring: {out.mu.numel()} markers read but {sum(counts)} expected")
     mus, kappas = out.mu.float().cpu().split(counts), out.kappa.float().cpu().split(counts)

@@ -30,7 +30,6 @@ round, so a resumed run draws what an uninterrupted one would).
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -251,7 +250,7 @@ def run_aca(
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
     from ``out`` when it already holds them)."""
-    from .provenance import completed_ids, json_line
+    from .provenance import completed_ids, json_line, records_in_order
 
     done_ids = completed_ids(out) if out else set()
     ids = [t.id for t in tasks]
@@ -307,15 +306,7 @@ def run_aca(
             fh.close()
         if bar:
             bar.close()
-    if not done_ids:
-        return [fresh[i] for i in ids]
-    old = {}
-    with open(out, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                old[str(r["id"])] = r
-    return [fresh.get(i) or old[i] for i in ids]
+    return records_in_order(ids, fresh, out if done_ids else None)
 
 
 def summarize(records: Sequence[dict]) -> dict:

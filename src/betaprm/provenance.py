@@ -274,6 +274,20 @@ def finite_or_null(obj):
     return obj
 
 
+def records_in_order(ids, fresh: dict, out=None) -> list[dict]:
+    """One record per id, in ``ids``' order: from ``fresh`` (this run's), else read back
+    from ``out`` (an earlier run's, when this one resumed)."""
+    if out is None:
+        return [fresh[i] for i in ids]
+    old = {}
+    with open(out, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                old[str(r["id"])] = r
+    return [fresh.get(i) or old[i] for i in ids]
+
+
 def completed_ids(path) -> set[str]:
     """Ids already in an output file. A last line without its newline is the remains of
     an interrupted write: it is cut off (and said so), every complete line is kept."""

@@ -32,7 +32,6 @@ exactly). Records have ACA's form (``aca.summarize`` reads them).
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -222,7 +221,7 @@ def run_search(
     ``out``: a JSONL file each finished problem appends its record to; a rerun skips the
     problems already there (requests carry seeds derived from the problem, round and beam,
     so a resumed run draws what an uninterrupted one would)."""
-    from .provenance import completed_ids, json_line
+    from .provenance import completed_ids, json_line, records_in_order
 
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
@@ -285,12 +284,4 @@ def run_search(
             fh.close()
         if bar:
             bar.close()
-    if not done_ids:
-        return [fresh[i] for i in ids]
-    old = {}
-    with open(out, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                old[str(r["id"])] = r
-    return [fresh.get(i) or old[i] for i in ids]
+    return records_in_order(ids, fresh, out if done_ids else None)

@@ -346,7 +346,7 @@ def _trainer_class():
                 # only what the objective optimises.
                 loss, parts = ce, {"ce": ce}
             # Training: this micro-batch's share of the step's mean (1 when not counted).
-            share = {name: 1.0 if num_items_in_batch is None else k.numel() / num_items_in_batch for name in parts}
+            share = dict.fromkeys(parts, 1.0 if num_items_in_batch is None else k.numel() / num_items_in_batch)
             loss = loss * share[next(iter(parts))]
             if self.aux_lm_weight > 0:
                 lm, n_tokens = self._lm_loss(model, out.hidden_states, inputs["input_ids"], lm_keep)

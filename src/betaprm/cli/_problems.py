@@ -1,0 +1,179 @@
+"""What `betaprm aca` and `betaprm search` share: the problems (the chain-arithmetic test
+split or a problems file), the PRM that scores, the generator, the answer check, and the
+settings a resumed --out must match."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ..generation.factory import RUNTIME_SETTINGS
+from ..options import opt as _f
+
+
+@dataclass
+class ProblemOptions:
+    model: str = _f("", "the PRM directory that scores (betaprm train output)")
+    out: str = _f("", "JSONL file of per-problem records (appended; a rerun resumes)")
+    problems: str | None = _f(
+        None,
+        "JSONL problems with id, question and, for an accuracy, answer; optional images (paths relative to the "
+        "file) (default: the chain-arithmetic test split)",
+    )
+    world_config: str | None = _f(None, "chain-arithmetic world settings (JSON), as for betaprm demo")
+    seed: int = _f(0, "the demo seed whose test split to use, and the sampling seed")
+    n_problems: int = _f(1000, "chain-arithmetic problems (the demo's test split has 1000)")
+    device: str = _f("auto", "PRM device: auto, cpu, cuda, ...")
+
+    def problem_checks(self) -> list[str]:
+        bad = self._check_backend() + self.batch_problems()
+        if not self.model:
+            bad.append("--model is required (the PRM that scores)")
+        if not self.out:
+            bad.append("--out is required (the JSONL file of per-problem records)")
+        if self.problems is None and self.backend != "synth":
+            bad.append(
+                f"--backend {self.backend} needs --problems (text problems); the chain-arithmetic world is generated "
+                "by --backend synth"
+            )
+        if self.problems is not None and self.backend == "synth":
+            bad.append(
+                "--backend synth continues chain-arithmetic problems only; give --backend transformers/openai/vllm "
+                "for --problems"
+            )
+        return bad
+
+
+# Options that do not change a record (batching, device, paths, how a server is reached,
+# how many problems): left out of the settings a resumed --out must match. The model
+# and the world's settings file enter as fingerprints of their contents.
+NOT_RESULTS = {
+    "model",
+    "policy",
+    "out",
+    "problems",
+    "n_problems",
+    "world_config",
+    "batch_size",
+    "max_batch_tokens",
+    "device",
+} | RUNTIME_SETTINGS
+
+
+def result_settings(cfg, not_results=NOT_RESULTS) -> dict:
+    """What makes --out's records: compared with OUT.meta.json when a run resumes."""
+    from ..provenance import fingerprint, model_fingerprint, settings_of
+
+    return {
+        "model": model_fingerprint(cfg.model),
+        "policy": fingerprint(cfg.policy) if cfg.policy else "",
+        "world_config": fingerprint(cfg.world_config) if cfg.world_config else None,
+        **settings_of(cfg, not_results),
+    }
+
+
+def run_with_output(cfg, run, not_results=NOT_RESULTS):
+    """``run(cfg)`` with --out checked against its earlier settings and locked, before the
+    model loads: a wrong resume stops at once."""
+    from ..provenance import open_output
+
+    where = {"model": cfg.model, "policy": cfg.policy, "problems": cfg.problems, "world_config": cfg.world_config}
+    with open_output(cfg.out, result_settings(cfg, not_results), where):
+        return run(cfg)
+
+
+def setup(cfg) -> SimpleNamespace:
+    """The PRM and its scorer, the tasks, the generator and the answer check of a run:
+    ``prm, scorer, tasks, generator, answer_of, is_correct, world`` (None on a problems
+    file) and ``close()`` (stops the answer checker's workers)."""
+    import torch
+
+    from ..generation.factory import build_generator
+    from ..model import BetaPRM
+    from ..scoring import PRMScorer
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    prm = BetaPRM.from_pretrained(cfg.model, device=device).eval()
+    run = SimpleNamespace(prm=prm, scorer=PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens), close=lambda: None)
+    if cfg.problems is None:
+        from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
+        from ..synth.experiment import split_seeds
+
+        run.world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else World().cfg)
+        run.tasks = synth_tasks(run.world.sample_problems(cfg.n_problems, split_seeds(cfg.seed).test_problems, "test"))
+        tok = prm.tokenizer
+        run.generator = build_generator(
+            cfg, run.world, count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), seed=cfg.seed
+        )
+        run.answer_of, run.is_correct = synth_answer, synth_is_correct
+        return run
+    from ..answers import AnswerChecker, final_answer
+
+    run.world = None
+    run.tasks = read_problems(cfg.problems)
+    run.generator = build_generator(cfg, seed=cfg.seed)
+    checker = AnswerChecker()
+    run.answer_of, run.close = final_answer, checker.close
+
+    def is_correct(task, ans):
+        return None if task.answer is None else checker.check(task.answer, ans)
+
+    run.is_correct = is_correct
+    return run
+
+
+def read_problems(path: str) -> list:
+    """Problems (id, question, optional answer and images) with file:line errors."""
+    from ..data.records import problem_fields, read_objects
+    from ..errors import BetaPRMInputError
+    from ..types import Task
+
+    tasks, seen = [], set()
+    for where, r in read_objects(
+        path,
+        ("id", "question"),
+        "id, question and, for an accuracy, answer (the reference)",
+        flag="--problems",
+    ):
+        # Without an answer the problem is still solved: its record has the choice, no verdict.
+        if "answer" in r:
+            rid, question, answer = problem_fields(r, where)
+        else:
+            rid, question, _ = problem_fields({**r, "answer": "-"}, where)
+            answer = None
+        if rid in seen:
+            raise BetaPRMInputError(f"{where}: id {rid!r} appears twice; ids must be unique")
+        seen.add(rid)
+        tasks.append(Task(rid, question, answer, images=_images(r, where, path)))
+    return tasks
+
+
+def _images(r: dict, where: str, path: str) -> list[str]:
+    """A problem's ``images`` (paths, relative ones to the problems file's folder)."""
+    from pathlib import Path
+
+    from ..errors import BetaPRMInputError
+    from ..scoring import _pool_images
+
+    imgs = r.get("images", [])
+    if not isinstance(imgs, list) or not all(isinstance(p, str) and p for p in imgs):
+        raise BetaPRMInputError(f"{where}: field 'images' must be a list of image paths, got {imgs!r:.80}")
+    paths = _pool_images({"images": imgs}, path)
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise BetaPRMInputError(
+            f"{where}: field 'images': no such file {missing[0]!r}; fix: paths are relative to the problems file"
+        )
+    return paths
+
+
+def summary_line(name: str, s: dict, out: str, extra: str = "") -> str:
+    """The closing line of a run: accuracy (or that there were no answers), tokens."""
+    from ..aca import accuracy_phrase
+
+    return (
+        f"{name}: {s['n']} problems, {accuracy_phrase(s)}, {s['tokens']} generated tokens "
+        f"({s['tokens'] / max(s['n'], 1):.0f} per problem){extra}"
+        + (f", {s['check_failed']} answer checks failed" if s["check_failed"] else "")
+        + f" -> {out}"
+    )
