@@ -106,6 +106,32 @@ def test_demo_quick_end_to_end(tmp_path):
     assert 0 < cb["bayes_width90"] <= cb["bayes_beta_width90"] + 1e-9 < 1
     assert _finite_numbers(r["bon"]) and _finite_numbers(r["verification"]) and _finite_numbers(r["calibration"])
     assert len(r["best_of_n_curve"]["n"]) == 16 and r["bon"]["oracle"]["acc"] >= r["bon"]["majority_vote"]["acc"]
+    # `betaprm eval-calibration` on the demo's saved PRMs and held-out counts gives the demo's own
+    # held-out calibration numbers (the same code, the scores up to packing's float32 noise).
+    assert "Calibration on the held-out MC counts" in res.stdout
+    for name in ("standard_prm", "betaprm"):
+        out = tmp_path / f"cal_{name}.json"
+        args = [
+            "eval-calibration",
+            "--model",
+            str(tmp_path / "d" / name),
+            "--data",
+            str(tmp_path / "d" / "held_out_counts.jsonl"),
+        ]
+        assert main([*args, "--out", str(out)]) == 0
+        got, want = json.loads(out.read_text()), r["held_out_counts"][name]
+        assert (
+            got["n_steps"]
+            == want["n_steps"]
+            == sum(len(json.loads(x)["steps"]) for x in open(tmp_path / "d" / "held_out_counts.jsonl"))
+        )
+        for key in ("ece", "brier", "brier_constant", "constant_rate", "kappa_median", "spearman_sigma_error"):
+            if key in want:
+                assert got[key] == pytest.approx(want[key], abs=1e-6), key
+        assert got["nll"] == pytest.approx(want["nll"], abs=1e-6) and got["intervals"] == pytest.approx(
+            want["intervals"]
+        )
+    assert set(r["held_out_counts"]["betaprm"]["nll"]) == {"beta_binomial", "binomial_at_mu", "constant"}
     # The ACA table: every variant with accuracy, interval and tokens; no variant
     # spends more than Best-of-16, whose tokens are the pools' own.
     aca = r["aca"]

@@ -42,6 +42,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from .evaluation.calibration import evaluate_counts, flat_counts
     from .evaluation.metrics import bootstrap_ci, paired_bootstrap
     from .model import _version
     from .scoring import score_traces
@@ -71,6 +72,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     val_pools, test_pools = data.val_pools, data.test_pools
     with open(out / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in data.train_records)
+    with open(out / "held_out_counts.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in data.held_records)
     n_steps = sum(len(r["steps"]) for r in data.train_records)
     log(
         f"data: {len(data.train_records)} training traces ({n_steps} labelled steps, K of {world_cfg.mc_n}), "
@@ -123,11 +126,13 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
             curves.setdefault(key, []).append(float(v.mean()))
     verification, clean_bias = diagnostics.verification(test_scores, test_pools, [p.correct for p in test_pools])
     shortcut = diagnostics.value_prior(test_pools, test_scores, val_pools)
-    cal, arrays = {}, {}
+    cal, arrays, counts_cal = {}, {}, {}
     for name in models:
         cal[name], arrays[name] = diagnostics.calibration(
             test_pools, sc[name]["test"], data.held_records, held[name], beta=name == "betaprm"
         )
+        # The same numbers as `betaprm eval-calibration --model OUT/NAME --data OUT/held_out_counts.jsonl`.
+        counts_cal[name] = evaluate_counts(*flat_counts(data.held_records, held[name]), beta=name == "betaprm")
 
     results = {
         "config": asdict(cfg),
@@ -150,6 +155,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         },
         "verification": verification,
         "calibration": cal,
+        "held_out_counts": counts_cal,
         "clean_bias_by_step": clean_bias,
         "value_prior": shortcut,
     }
@@ -161,11 +167,11 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         log(f"ACA: 4 variants on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
     results["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    demo_plots(out, histories, arrays, curves, eff.n_candidates, aca)
+    demo_plots(out, histories, arrays, curves, eff.n_candidates, aca, held_out=counts_cal["betaprm"])
 
     log("\n" + format_results(results))
     log(
-        f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, "
+        f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, sigma_error, "
         f"best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s"
     )
     return results

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
-from . import aca, convert, demo, eval_bon, eval_steps, label, score, search, serve, train, validate
+from . import aca, convert, demo, eval_bon, eval_calibration, eval_steps, label, score, search, serve, train, validate
 
 COMMANDS = {
     "demo": demo,
@@ -21,6 +21,7 @@ COMMANDS = {
     "search": search,
     "eval-steps": eval_steps,
     "eval-bon": eval_bon,
+    "eval-calibration": eval_calibration,
     "serve": serve,
 }
 

@@ -26,13 +26,13 @@ and the fix; the CLI reports it with the input line, like any other bad record.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
-from .records import Problem, iter_jsonl, load_json_file, open_input, validate_object, write_rejects
+from .records import Problem, validate_object, write_rejects
+from .sources import iter_rows
 
 FORMATS = ("visualprm-raw", "math-shepherd", "prm800k", "trl")
 SHEPHERD_TAG = "ки"
@@ -270,38 +270,6 @@ CONVERTERS = {
 }
 
 
-def _read_rows(path: Path, flag: str) -> Iterator[tuple[int, Any, Problem | None, str | None]]:
-    """(line or row number, row, problem, raw line) per input row. A .json or .parquet
-    file that cannot be read at all raises; JSONL lines are read one by one."""
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise BetaPRMInputError(
-                f"{path}: reading parquet needs pyarrow (`pip install pyarrow`), or convert it to JSONL first"
-            ) from None
-        open_input(path, flag).close()
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except (pyarrow.ArrowException, OSError, ValueError) as e:
-            raise BetaPRMInputError(
-                f"{flag} {path}: not a readable parquet file ({e}); fix: re-export it, or convert it to JSONL"
-            ) from None
-        for i, row in enumerate(rows, 1):
-            yield i, row, None, None
-    elif path.suffix == ".json":
-        data = load_json_file(path, flag, "a JSON list of records")
-        if not isinstance(data, list):
-            raise BetaPRMInputError(
-                f"{path}: a .json input must hold a list of records; use JSONL for one record per line"
-            )
-        for i, row in enumerate(data, 1):
-            yield i, row, None, None
-    else:
-        yield from iter_jsonl(path, flag)
-
-
 def convert_file(
     fmt: str,
     input_path,
@@ -317,12 +285,11 @@ def convert_file(
     if on_error not in ("fail", "skip"):
         raise BetaPRMInputError(f"--on-error must be 'fail' or 'skip', got {on_error!r}")
     src = Path(input_path)
-    open_input(src, "--input").close()
     opts = opts or ConvertOptions(source_name=src.stem)
     convert = CONVERTERS[fmt]
     out, bad, seen = [], [], set()
     n_in = 0
-    for line, obj, parse_problem, raw in _read_rows(src, "--input"):
+    for line, obj, parse_problem, raw in iter_rows(input_path, "--input"):
         n_in += 1
         problems = [parse_problem] if parse_problem else []
         if not problems and not isinstance(obj, dict):

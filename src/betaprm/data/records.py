@@ -13,7 +13,9 @@ bad records are left out, written to a rejects file with their reasons and raw t
 and counted. Files are read once, as bytes: a line that is not UTF-8, not JSON, holds
 NaN/Infinity, a number too long to read or nesting too deep is a problem of that line,
 never an exception. Every JSONL reader (``read_records``, ``read_objects``, the
-converters) goes through ``iter_jsonl``; whole JSON files through ``load_json_file``.
+converters) goes through ``iter_jsonl``; whole JSON files through ``load_json_file``;
+parquet files, saved ``datasets`` folders and hub names through ``sources.iter_rows``,
+which yields rows the same way.
 
 Over 400 lines because the format and its one strict reader belong together: every field
 rule is written once, next to the message that names its fix.
@@ -580,13 +582,14 @@ def iter_jsonl(path, flag: str | None = None) -> Iterator[tuple[int, Any, Proble
 
 
 def read_objects(
-    path, required: tuple[str, ...] = (), what: str = "one JSON object", flag: str | None = None
+    path, required: tuple[str, ...] = (), what: str = "one JSON object", flag: str | None = None, rows=None
 ) -> Iterator[tuple[str, dict]]:
-    """(``path:line``, object) for each non-blank line of a JSONL input that is not a
-    training record (problems, traces, benchmark items): stops at the first bad line with
-    the line, the field and ``what`` a line needs; ``required`` fields must be non-empty.
-    ``flag`` (e.g. ``--problems``) is named when the file is missing."""
-    for i, obj, problem, _ in iter_jsonl(path, flag):
+    """(``path:line``, object) for each non-blank line of an input that is not a training
+    record (problems, traces, benchmark items): stops at the first bad line with the line,
+    the field and ``what`` a line needs; ``required`` fields must be non-empty. ``flag``
+    (e.g. ``--problems``) is named when the file is missing. ``rows``: the source's rows
+    (``data.sources``) when the caller opened it already; a JSONL file otherwise."""
+    for i, obj, problem, _ in iter_jsonl(path, flag) if rows is None else rows:
         where = f"{path}:{i}"
         if problem is not None:
             raise BetaPRMInputError(f"{where}: {problem.message}; fix: {problem.fix}; each line must be {what}")
@@ -688,10 +691,12 @@ def read_records(
     rejects: str | Path | None = None,
     flag: str | None = None,
 ) -> LoadResult:
-    """Load and validate a JSONL file of records (see the module docstring), in one pass.
-    ``flag`` (e.g. ``--data``) is named when the file is missing."""
-    p = Path(path)
-    return _process(iter_jsonl(p, flag), str(path), kind, marker, p.parent, on_error, rejects)
+    """Load and validate records (see the module docstring), in one pass, from any source
+    ``data.sources`` opens (JSONL, .json, parquet, a save_to_disk folder, a hub name).
+    ``flag`` (e.g. ``--data``) is named when the source is missing."""
+    from .sources import base_dir, iter_rows
+
+    return _process(iter_rows(path, flag), str(path), kind, marker, base_dir(path), on_error, rejects)
 
 
 def records_from_rows(

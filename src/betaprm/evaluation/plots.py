@@ -93,3 +93,26 @@ def best_of_n_curves(curves: dict, path, points: dict | None = None, xlabel: str
     fig.tight_layout()
     fig.savefig(Path(path), dpi=120)
     plt.close(fig)
+
+
+def sigma_vs_error(series: dict, path) -> None:
+    """Mean |mu - K/N| against mean sigma in equal-count bins of sigma, with the line a
+    calibrated sigma would follow on average (E|X - mean| <= sigma; it ignores the counts'
+    own binomial noise, so points above it are expected at small N).
+
+    ``series``: name -> list of ``{"sigma", "abs_error"}`` bins (``evaluation.calibration``)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    top = 0.0
+    for name, bins in series.items():
+        xs, ys = [b["sigma"] for b in bins], [b["abs_error"] for b in bins]
+        ax.plot(xs, ys, marker="o", label=name)
+        top = max([top, *xs, *ys])
+    ax.plot([0, top], [0, top], color="grey", lw=1, ls="--", label="|error| = sigma")
+    ax.set_xlabel("sigma (binned)")
+    ax.set_ylabel("mean |mu - K/N|")
+    ax.set_title("reliability: sigma against error")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)

@@ -108,6 +108,15 @@ def format_results(r: dict) -> str:
         ],
     ]
     parts.append(markdown_table(rows, ["metric", "standard PRM", "BetaPRM"]))
+    if "held_out_counts" in r:
+        from .calibration import table as counts_table
+
+        h = r["held_out_counts"]
+        parts.append(
+            "\nCalibration on the held-out MC counts (OUT/held_out_counts.jsonl; the same as `betaprm "
+            "eval-calibration`)"
+        )
+        parts.append(counts_table({"standard PRM": h["standard_prm"], "BetaPRM": h["betaprm"]}))
     if "aca" in r:
         a = r["aca"]
         names = {
@@ -143,9 +152,10 @@ def format_results(r: dict) -> str:
     return "\n".join(parts)
 
 
-def demo_plots(out, histories, arrays, curves, n_candidates, aca) -> None:
+def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None) -> None:
     """The demo's figures: kappa during training, reliability, kappa against kappa*,
-    Best-of-n curves and (with ACA) accuracy against tokens."""
+    Best-of-n curves, (with ACA) accuracy against tokens, and (with ``held_out``, the
+    BetaPRM's ``evaluation.calibration`` results) sigma against error on held-out counts."""
     from ..synth.diagnostics import kappa_star
     from . import plots
 
@@ -156,6 +166,8 @@ def demo_plots(out, histories, arrays, curves, n_candidates, aca) -> None:
         out / "reliability.png",
     )
     plots.kappa_vs_bayes(beta.kappa, kappa_star(beta.bayes_mean, beta.bayes_var), out / "kappa_vs_bayes.png")
+    if held_out is not None:
+        plots.sigma_vs_error({"BetaPRM (held-out counts)": held_out["sigma_error_bins"]}, out / "sigma_error.png")
     ns = list(range(1, n_candidates + 1))
     plots.best_of_n_curves(
         {

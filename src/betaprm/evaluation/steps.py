@@ -42,10 +42,18 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
     The first bad line raises with its line and field; ``flag`` is named when the file
     is missing."""
     from ..data.records import read_objects, short_repr
+    from ..data.sources import base_dir, iter_rows
 
-    items, path = [], Path(path)
+    items, root = [], base_dir(path)
     for i, (where, r) in enumerate(
-        read_objects(path, ("question",), "a VisualProcessBench item (question, response, data_source)", flag), 1
+        read_objects(
+            path,
+            ("question",),
+            "a VisualProcessBench item (question, response, data_source)",
+            flag,
+            rows=iter_rows(path, flag),
+        ),
+        1,
     ):
         if not isinstance(r["question"], str):
             raise BetaPRMInputError(f"{where}: field 'question' must be a string, got {short_repr(r['question'])}")
@@ -83,7 +91,7 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
         for key in ("id", "data_source"):
             if key in r and (isinstance(r[key], (bool, dict, list)) or r[key] is None):
                 raise BetaPRMInputError(f"{where}: field {key!r} must be a string, got {short_repr(r[key])}")
-        images = [str(p if Path(p).is_absolute() else path.parent / p) for p in images]
+        images = [str(p if Path(p).is_absolute() or root is None else root / p) for p in images]
         items.append(
             BenchItem(str(r.get("id", i)), r["question"], steps, labels, str(r.get("data_source", "all")), images)
         )

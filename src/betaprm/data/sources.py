@@ -1,0 +1,161 @@
+"""Where records come from: a JSONL file, a ``.json`` list, a parquet file, a
+``datasets`` ``save_to_disk`` folder, or anything ``datasets.load_dataset`` opens (a hub
+name, from the local cache when offline, or a local folder of data files).
+
+A source is named by one string, ``SPEC[:SPLIT]``: ``train.jsonl``, ``counts.parquet``,
+``saved_folder``, ``saved_folder:test``, ``Qwen/ProcessBench:gsm8k``. An existing path
+always wins over the ``:SPLIT`` reading, so a file whose name holds a colon still opens.
+A source with several splits and none named is an error listing them, unless the caller
+reads every split (``iter_splits``, as the ProcessBench evaluator does: its splits are
+its subsets).
+
+Every reader yields ``(row number, row, problem, raw text)`` like ``records.iter_jsonl``,
+so one validator serves every source. Table rows come back as plain dicts with null
+cells dropped: a table has a cell for every column, and a null there means the field is
+absent from that row (a JSONL line would simply leave it out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import BetaPRMInputError
+from .records import Problem, iter_jsonl, load_json_file, open_input
+
+Row = tuple[int, Any, "Problem | None", "str | None"]
+
+
+def _table_rows(rows) -> Iterator[Row]:
+    for i, row in enumerate(rows, 1):
+        yield i, ({k: v for k, v in row.items() if v is not None} if isinstance(row, dict) else row), None, None
+
+
+def _parquet_rows(path: Path, flag: str | None) -> Iterator[Row]:
+    try:
+        import pyarrow
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise BetaPRMInputError(
+            f"{path}: reading parquet needs pyarrow (`pip install pyarrow`), or convert it to JSONL first"
+        ) from None
+    open_input(path, flag).close()
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pyarrow.ArrowException, OSError, ValueError) as e:
+        raise BetaPRMInputError(
+            f"{flag + ' ' if flag else ''}{path}: not a readable parquet file ({e}); fix: re-export it, or convert it "
+            "to JSONL"
+        ) from None
+    return _table_rows(rows)
+
+
+def _json_rows(path: Path, flag: str | None) -> Iterator[Row]:
+    data = load_json_file(path, flag, "a JSON list of records")
+    if not isinstance(data, list):
+        raise BetaPRMInputError(
+            f"{path}: a .json input must hold a list of records; use JSONL (.jsonl) for one record per line"
+        )
+    return ((i, row, None, None) for i, row in enumerate(data, 1))
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    if Path(spec).exists() or ":" not in spec:
+        return spec, None
+    name, split = spec.rsplit(":", 1)
+    return name, split or None
+
+
+def _open_dataset(name: str, flag: str | None):
+    """A ``Dataset`` or ``DatasetDict`` from a saved folder, or from ``load_dataset``."""
+    try:
+        import datasets
+    except ImportError:
+        raise BetaPRMInputError(
+            f"{flag + ' ' if flag else ''}{name}: reading a datasets folder or hub name needs `pip install datasets`"
+        ) from None
+    p = Path(name)
+    if p.is_dir() and is_saved_dataset(p):
+        try:
+            return datasets.load_from_disk(str(p))
+        except (OSError, ValueError) as e:
+            raise BetaPRMInputError(
+                f"{flag + ' ' if flag else ''}{name}: a save_to_disk folder that datasets cannot read ({e}); fix: "
+                "save it again"
+            ) from None
+    try:
+        return datasets.load_dataset(name)
+    except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, its own)
+        where = "a folder of data files" if p.is_dir() else "a hub name"
+        raise BetaPRMInputError(
+            f"{flag + ' ' if flag else ''}{name}: not a file, and datasets could not load it as {where} "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); fix: give a .jsonl, .json or "
+            ".parquet file or a save_to_disk folder, or a hub name that is in the local cache (offline: set "
+            "HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 so it is read from there without trying the network)"
+        ) from None
+
+
+def _splits(name: str, split: str | None, flag: str | None, want_all: bool) -> list[tuple[str | None, Any]]:
+    ds = _open_dataset(name, flag)
+    if not hasattr(ds, "keys"):  # one Dataset
+        if split is not None:
+            raise BetaPRMInputError(
+                f"{flag + ' ' if flag else ''}{name}:{split}: {name} holds a single table, not splits; drop ':{split}'"
+            )
+        return [(None, ds)]
+    names = list(ds.keys())
+    if split is not None:
+        if split not in ds:
+            raise BetaPRMInputError(
+                f"{flag + ' ' if flag else ''}{name}:{split}: no split {split!r}; it has {', '.join(names)}"
+            )
+        return [(split, ds[split])]
+    if len(names) == 1 or want_all:
+        return [(s, ds[s]) for s in names]
+    raise BetaPRMInputError(
+        f"{flag + ' ' if flag else ''}{name} has {len(names)} splits ({', '.join(names)}); name one as "
+        f"{name}:SPLIT, e.g. {name}:{names[0]}"
+    )
+
+
+def _file_rows(path: Path, flag: str | None) -> Iterator[Row]:
+    if path.suffix == ".parquet":
+        return _parquet_rows(path, flag)
+    if path.suffix == ".json":
+        return _json_rows(path, flag)
+    return iter_jsonl(path, flag)
+
+
+def iter_splits(spec, flag: str | None = None, all_splits: bool = True) -> list[tuple[str | None, Iterator[Row]]]:
+    """``(split name or None, rows)`` for each split the source holds (a file: one, None).
+    With ``all_splits`` False a source of several splits must name one."""
+    spec = str(spec)
+    p = Path(spec)
+    if p.is_file() or (not p.exists() and p.suffix in (".jsonl", ".json", ".parquet")):
+        return [(None, _file_rows(p, flag))]  # a missing file gets open_input's message
+    name, split = _split_spec(spec)
+    return [(s, _table_rows(ds)) for s, ds in _splits(name, split, flag, all_splits)]
+
+
+def iter_rows(spec, flag: str | None = None) -> Iterator[Row]:
+    """The rows of one source (see the module docstring)."""
+    ((_, rows),) = iter_splits(spec, flag, all_splits=False)
+    return rows
+
+
+def base_dir(spec) -> Path | None:
+    """The folder that relative image paths in the source are relative to: the file's
+    folder, the saved dataset's folder, or none (a hub dataset: paths must be absolute or
+    relative to the working directory)."""
+    p = Path(_split_spec(str(spec))[0])
+    if p.is_file():
+        return p.parent
+    if p.is_dir():
+        return p
+    return None

@@ -1,0 +1,217 @@
+"""ProcessBench (Zheng et al. 2024, Qwen): find the first wrong step of a solution.
+
+Records: ``id``, ``generator``, ``problem``, ``steps``, ``final_answer_correct`` and
+``label``, the index (0-based) of the first wrong step, or -1 when every step is right.
+The hub data set's splits (gsm8k, math, olympiadbench, omnimath) are its subsets.
+
+The rule, as the official PRM evaluation (``code/run_eval_prm_trl.py``) applies it: the
+predicted first error is the first step the PRM does not call correct, -1 when it calls
+every step correct, and an item is right when the prediction equals ``label`` exactly. That
+script calls a step correct when the correct class wins the argmax of the two-class
+logits; ``torch.argmax`` breaks a tie towards the first class (the error), so a step is
+correct only when its probability is *strictly above* 0.5. The same strict ``>`` holds
+here for any threshold: score > threshold is correct, anything else is flagged.
+
+Per subset: accuracy on the erroneous items (first error located exactly), accuracy on the
+correct items (no step flagged), and their harmonic mean, F1; the average is the plain
+mean of the subsets' F1 (as the official script prints it), all in percent.
+
+A trace cut to the model's positions (``--truncate steps``) has scores for its first steps
+only. If one of them is flagged the prediction is known; if none is and steps are left
+unscored, the prediction is unknown and the item counts as a miss (``n_undecided``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BetaPRMInputError
+
+SUBSET_ORDER = ("gsm8k", "math", "olympiadbench", "omnimath")
+SUBSET_TITLES = {"gsm8k": "GSM8K", "math": "MATH", "olympiadbench": "OlympiadBench", "omnimath": "Omni-MATH"}
+
+
+@dataclass
+class PBItem:
+    id: str
+    problem: str
+    steps: list[str]
+    label: int  # index of the first wrong step, -1 when all are right
+    subset: str
+
+
+def read_processbench(spec, flag: str = "--data") -> list[PBItem]:
+    """ProcessBench records from any source (``data.sources``): a hub name or folder with
+    the four splits (each split is a subset), or a file (the subset is the record's
+    ``subset`` or ``source`` field, else the file's stem, e.g. ``gsm8k.json``)."""
+    from ..data.records import read_objects, short_repr
+    from ..data.sources import iter_splits
+
+    items, seen = [], set()
+    for split, rows in iter_splits(spec, flag):
+        default = split or Path(str(spec)).stem
+        where_name = f"{spec}:{split}" if split else str(spec)
+        for where, r in read_objects(
+            where_name, ("problem", "steps"), "a ProcessBench item (id, problem, steps, label)", flag, rows=rows
+        ):
+            steps, label = r["steps"], r.get("label")
+            if not isinstance(r["problem"], str):
+                raise BetaPRMInputError(f"{where}: field 'problem' must be a string, got {short_repr(r['problem'])}")
+            if not isinstance(steps, list) or not all(isinstance(s, str) and s.strip() for s in steps):
+                raise BetaPRMInputError(
+                    f"{where}: field 'steps' must be a non-empty list of non-empty strings, got {short_repr(steps)}"
+                )
+            if isinstance(label, bool) or not isinstance(label, int) or not -1 <= label < len(steps):
+                raise BetaPRMInputError(
+                    f"{where}: field 'label' must be the index of the first wrong step (0 to {len(steps) - 1}) or -1 "
+                    f"when all steps are right, got {short_repr(label)}"
+                )
+            subset = str(r.get("subset", r.get("source", default)))
+            rid = str(r.get("id", f"{subset}-{len(items)}"))
+            if (subset, rid) in seen:
+                raise BetaPRMInputError(f"{where}: id {rid!r} appears twice in subset {subset!r}; ids must be unique")
+            seen.add((subset, rid))
+            items.append(PBItem(rid, r["problem"], steps, label, subset))
+    if not items:
+        raise BetaPRMInputError(f"{flag} {spec}: no ProcessBench items")
+    return items
+
+
+def predicted_first_error(scores: np.ndarray, n_steps: int, threshold: float) -> int | None:
+    """The first step whose score is not above ``threshold``; -1 when all ``n_steps`` are
+    scored and above it; None when none of the scored steps is flagged but some steps
+    were not scored (unknown)."""
+    flagged = np.flatnonzero(~(np.asarray(scores, dtype=np.float64) > threshold))
+    if len(flagged):
+        return int(flagged[0])
+    return -1 if len(scores) >= n_steps else None
+
+
+def subset_metrics(labels: Sequence[int], preds: Sequence[int | None]) -> dict:
+    """Error accuracy, correct accuracy and F1 in percent, as the official script computes them."""
+    labels = np.asarray(labels)
+    match = np.array([p is not None and p == y for p, y in zip(preds, labels)], dtype=bool)
+    err, cor = labels != -1, labels == -1
+    # np.mean of an empty list is nan in the official script too; say so instead of warning.
+    acc1 = float(match[err].mean() * 100) if err.any() else float("nan")
+    acc2 = float(match[cor].mean() * 100) if cor.any() else float("nan")
+    f1 = 2 * acc1 * acc2 / (acc1 + acc2) if acc1 + acc2 > 0 else 0.0
+    return {
+        "error_acc": acc1,
+        "correct_acc": acc2,
+        "f1": float(f1),
+        "n_error": int(err.sum()),
+        "n_correct": int(cor.sum()),
+        "n_undecided": int(sum(p is None for p in preds)),
+    }
+
+
+def split_by_problem(items: Sequence[PBItem], val_fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Validation and test indices; one problem (subset and problem text) sits on one side."""
+    val, test = [], []
+    for i, it in enumerate(items):
+        h = zlib.crc32(f"{seed}/{it.subset}/{it.problem}".encode()) / 0xFFFFFFFF
+        (val if h < val_fraction else test).append(i)
+    return val, test
+
+
+def _match_intervals(items, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each item the thresholds t with a right prediction form an interval [lo, hi):
+    an erroneous item with label L is right when min(s_0..s_{L-1}) > t >= s_L; a correct
+    one when t < min(s). (Empty intervals have lo >= hi.) Returns lo, hi, is_error."""
+    lo, hi, err = [], [], []
+    for it, s in zip(items, scores):
+        s = np.asarray(s, dtype=np.float64)
+        if it.label == -1:
+            lo.append(-np.inf)
+            # Unscored steps leave the prediction unknown unless a scored step is flagged,
+            # so such an item is never right.
+            hi.append(s.min() if len(s) >= len(it.steps) else -np.inf)
+            err.append(False)
+        else:
+            L = it.label
+            lo.append(s[L] if L < len(s) else np.inf)
+            hi.append(s[:L].min() if L > 0 else np.inf)
+            err.append(True)
+    return np.array(lo), np.array(hi), np.array(err)
+
+
+def choose_threshold(items: Sequence[PBItem], scores: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The threshold with the highest F1 (harmonic mean of error and correct accuracy over
+    all ``items``) and that F1 in percent; ties go to the lowest threshold. Exact: every
+    item is right on one interval of thresholds, so only the interval ends need trying."""
+    lo, hi, err = _match_intervals(items, scores)
+    ok = lo < hi
+    cands = np.unique(np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)], [-np.inf]]))
+    # right(t) = #{lo <= t} - #{hi <= t} over non-empty intervals, per class.
+    best = (-1.0, cands[0])
+    n_err, n_cor = max(int(err.sum()), 1), max(int((~err).sum()), 1)
+    e_lo, e_hi = np.sort(lo[ok & err]), np.sort(hi[ok & err])
+    c_lo, c_hi = np.sort(lo[ok & ~err]), np.sort(hi[ok & ~err])
+    right_e = np.searchsorted(e_lo, cands, "right") - np.searchsorted(e_hi, cands, "right")
+    right_c = np.searchsorted(c_lo, cands, "right") - np.searchsorted(c_hi, cands, "right")
+    a1, a2 = 100 * right_e / n_err, 100 * right_c / n_cor
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f1 = np.where(a1 + a2 > 0, 2 * a1 * a2 / (a1 + a2), 0.0)
+    i = int(np.argmax(f1))  # the first maximum: the lowest threshold
+    best = (float(f1[i]), float(cands[i]))
+    return best[1], best[0]
+
+
+def evaluate_processbench(
+    items: Sequence[PBItem],
+    step_scores: Sequence[np.ndarray],
+    threshold: float | str = 0.5,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+) -> dict:
+    """Per-subset and average metrics. ``threshold``: a number, or ``"val"`` to choose it on
+    ``val_fraction`` of the problems (split by problem) and report on the rest."""
+    idx = list(range(len(items)))
+    res: dict = {}
+    if threshold == "val":
+        val, idx = split_by_problem(items, val_fraction, seed)
+        if not val or not idx:
+            raise BetaPRMInputError(
+                f"the split by problem left {len(val)} validation and {len(idx)} test items; give more problems or "
+                "change --val-fraction"
+            )
+        threshold, val_f1 = choose_threshold([items[i] for i in val], [step_scores[i] for i in val])
+        res.update(threshold_chosen_on="validation", n_val_items=len(val), val_f1=val_f1)
+    threshold = float(threshold)
+    preds = {i: predicted_first_error(step_scores[i], len(items[i].steps), threshold) for i in idx}
+    subsets = sorted({items[i].subset for i in idx}, key=lambda s: (SUBSET_ORDER + (s,)).index(s))
+    per = {}
+    for sub in subsets:
+        mine = [i for i in idx if items[i].subset == sub]
+        per[sub] = subset_metrics([items[i].label for i in mine], [preds[i] for i in mine])
+    res.update(
+        threshold=threshold,
+        subsets=per,
+        average_f1=float(np.mean([m["f1"] for m in per.values()])),
+        n_items=len(idx),
+        predictions={f"{items[i].subset}/{items[i].id}": preds[i] for i in idx},
+    )
+    return res
+
+
+def table(res: dict) -> str:
+    """The paper's layout: error / correct / F1 per subset, then the average F1."""
+    subs = list(res["subsets"])
+    head = "| " + " | ".join(f"{SUBSET_TITLES.get(s, s)} error | correct | F1" for s in subs) + " | Avg. F1 |"
+    sep = "|" + "---|" * (3 * len(subs) + 1)
+
+    def f(x):
+        return "-" if x != x else f"{x:.1f}"
+
+    row = (
+        "| "
+        + " | ".join(f"{f(m['error_acc'])} | {f(m['correct_acc'])} | {f(m['f1'])}" for m in res["subsets"].values())
+        + f" | {res['average_f1']:.1f} |"
+    )
+    return "\n".join([head, sep, row])
