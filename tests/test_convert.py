@@ -49,7 +49,7 @@ def test_visualprm_raw_keeps_counts(tmp_path):
             "source": "visualprm_raw",
         },
     ]
-    assert stats == {"read": 3, "written": 2, "rejected": 1, "steps": 4}
+    assert stats == {"read": 3, "written": 2, "rejected": 1, "steps": 4, "hard_labels": False, "soft": False}
     assert rej[0]["line"] == 3 and "steps_with_score[0].num_mc_correct" in rej[0]["reasons"][0]
 
 
@@ -184,3 +184,88 @@ def test_convert_cli(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "3 read, 2 records with 4 steps written" in res.stdout and "1 rejected" in res.stdout
     assert (tmp_path / "ms.rejects.jsonl").exists()
+    # Math-Shepherd's labels are hard: the summary says what that means for a BetaPRM
+    assert "hard labels (N = 1 per step)" in res.stdout and "kappa learns nothing" in res.stdout
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_mc_prefix_counts_from_success_rates(tmp_path):
+    """PRM-calibration layout: one row per prefix (steps split by blank lines), rates over 8 rollouts."""
+    q = "What is 2 + 3 * 4?"
+    rows = [
+        {"question": q, "reasoning_prefix": "", "success_prob": 0.5},  # the empty prefix labels no step
+        {"question": q, "reasoning_prefix": "3 * 4 = 12", "success_prob": 0.75},
+        {"question": q, "reasoning_prefix": "3 * 4 = 12\n\n2 + 12 = 14", "success_prob": 1.0},
+        {"question": q, "reasoning_prefix": "3 * 4 = 12\n\n2 + 12 = 15", "success_prob": 0.0},
+        {"question": q, "reasoning_prefix": "3 * 4 = 12", "success_prob": 0.625},  # same prefix again: pooled
+        {"question": "Other?", "reasoning_prefix": "a\n\nb", "success_prob": 0.25},  # its 1-step prefix is missing
+    ]
+    src = _write(tmp_path / "cal.jsonl", rows)
+    out = tmp_path / "o.jsonl"
+    stats = convert_file(
+        "mc-prefix", src, out, ConvertOptions(source_name="cal", mc_n=8), on_error="skip", rejects=tmp_path / "r.jsonl"
+    )
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert recs == [
+        {
+            "id": "cal-3",
+            "question": q,
+            "steps": ["3 * 4 = 12", "2 + 12 = 14"],
+            "mc_correct": [6 + 5, 8],
+            "mc_total": [16, 8],
+            "source": "cal",
+        },
+        {
+            "id": "cal-4",
+            "question": q,
+            "steps": ["3 * 4 = 12", "2 + 12 = 15"],
+            "mc_correct": [6 + 5, 0],
+            "mc_total": [16, 8],
+            "source": "cal",
+        },
+    ]
+    rej = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in rej] == [6] and "prefixes of 1 step(s)" in rej[0]["reasons"][0]
+    assert stats["written"] == 2 and stats["rejected"] == 1 and not stats["hard_labels"]
+    # a rate that is not a whole number of 8 rollouts is refused, never rounded away
+    _write(src, [{"question": q, "reasoning_prefix": "x", "success_prob": 0.3}])
+    with pytest.raises(BetaPRMInputError, match=r"field 'success_prob': = 0.3 with --mc-n 8 gives 2.4 successes"):
+        convert_file("mc-prefix", src, out, ConvertOptions(mc_n=8))
+    # with response ids, solutions that share a prefix stay apart
+    rows = [
+        {"question": q, "response_id": 0, "reasoning_prefix": "s1", "success_prob": 1.0},
+        {"question": q, "response_id": 1, "reasoning_prefix": "s1", "success_prob": 0.5},
+    ]
+    _write(src, rows)
+    convert_file("mc-prefix", src, out, ConvertOptions(source_name="cal", mc_n=8))
+    assert [json.loads(x)["mc_correct"] for x in out.read_text().splitlines()] == [[8], [4]]
+
+
+def test_er_prm_soft_labels(tmp_path):
+    import math
+
+    text = "Janet has 3 apples. How many? Step 1: 3 + 2 = 5 ки\nStep 2: The answer is: 5 ки"
+    src = _write(tmp_path / "er.json", [])
+    src.write_text(json.dumps([{"text": text, "value": [0.8, 1.0]}]))
+    out = tmp_path / "o.jsonl"
+    stats = convert_file("er-prm", src, out, ConvertOptions(source_name="er", soft_n=16))
+    (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rec["question"] == "Janet has 3 apples. How many?" and rec["steps"] == [
+        "Step 1: 3 + 2 = 5",
+        "Step 2: The answer is: 5",
+    ]
+    assert rec["mc_correct"] == [0.8 * 16, 16.0] and rec["mc_total"] == 16 and rec["soft"] is True
+    assert stats["soft"] and not stats["hard_labels"]
+    # ER-PRM's value for p = 12/16 at eta = 2, inverted back
+    v = math.log(1 - 0.75 + 0.75 * math.exp(2)) / 2
+    src.write_text(json.dumps([{"text": text, "value": [v, 1.0]}]))
+    convert_file("er-prm", src, out, ConvertOptions(source_name="er", soft_n=16, er_eta=2.0))
+    (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rec["mc_correct"] == pytest.approx([12.0, 16.0])
+    src.write_text(json.dumps([{"text": text, "value": [0.8]}]))
+    with pytest.raises(BetaPRMInputError, match=r"field 'value': has 1 labels for 2 step tags"):
+        convert_file("er-prm", src, out, ConvertOptions(soft_n=16))

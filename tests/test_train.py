@@ -496,3 +496,30 @@ def test_token_budget_training_fits_the_budget_and_resumes_in_a_later_epoch(tmp_
     la = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
     lb = {h["step"]: h["loss"] for h in trainer_b.state.log_history if "loss" in h}
     assert lb[8] == pytest.approx(la[8], rel=1e-5)
+
+
+def test_beta_binomial_on_hard_labels_warns_once(lm_dir, tmp_path, caplog):
+    """Every N = 1: the Beta-Binomial likelihood of one outcome is mu whatever kappa is, so
+    training says plainly that kappa learns nothing, and names the alternatives."""
+    import logging
+
+    from betaprm.beta import beta_binomial_nll
+
+    mu = torch.tensor([0.3, 0.3])
+    nll = beta_binomial_nll(mu, torch.tensor([0.5, 500.0]), torch.tensor([1.0, 1.0]), torch.tensor([1.0, 1.0]))
+    assert float(nll[0]) == pytest.approx(float(nll[1]), abs=1e-5)  # kappa does not enter
+    hard = tmp_path / "hard.jsonl"
+    rows = [json.loads(x) for x in open(make_counts(tmp_path / "c.jsonl", n=16))]
+    hard.write_text(
+        "".join(
+            json.dumps({**r, "mc_correct": [int(k > 4) for k in r["mc_correct"]], "mc_total": 1}) + "\n" for r in rows
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="betaprm.train"):
+        train(cfg(lm_dir, hard, tmp_path / "o", max_steps=1, save_steps=100), quiet=True)
+    msgs = [r.getMessage() for r in caplog.records if "N = 1" in r.getMessage()]
+    assert len(msgs) == 1 and "kappa learns nothing" in msgs[0] and "soft-ce" in msgs[0] and "betaprm label" in msgs[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="betaprm.train"):
+        train(cfg(lm_dir, hard, tmp_path / "o2", max_steps=1, save_steps=100, objective="soft-ce"), quiet=True)
+    assert not [r for r in caplog.records if "N = 1" in r.getMessage()]

@@ -44,9 +44,17 @@ class TrainConfig:
     """``betaprm train`` options. Defaults are the paper's (appendix A.2)."""
 
     model: str = _f("", "causal-LM directory or hub id to start from, or a BetaPRM checkpoint to continue")
-    data: str = _f("", "training records (JSONL; see `betaprm validate`)")
+    data: str = _f(
+        "",
+        "training records: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT]); see `betaprm "
+        "validate`",
+    )
     output_dir: str = _f("outputs/betaprm", "where checkpoints and the final BetaPRM are written")
-    objective: str = _f("beta-binomial", "beta-binomial (BetaPRM), soft-ce (the standard PRM) or hard-ce")
+    objective: str = _f(
+        "beta-binomial",
+        "beta-binomial (BetaPRM: needs counts with N > 1 per step to learn kappa; on hard labels, N = 1, kappa learns "
+        "nothing and a warning says so), soft-ce (the standard PRM) or hard-ce",
+    )
     lambda_reg: float = _f(0.05, "weight of the evidence regulariser (beta-binomial only)")
     hard_threshold: float = _f(
         0.5, "hard-ce: a step is correct when K/N > this (0 gives Math-Shepherd's 'any success')"
@@ -754,6 +762,22 @@ def _last_checkpoint(output_dir: str) -> str:
     return last
 
 
+def hard_label_warning(records, objective: str, data: str) -> str | None:
+    """The warning for beta-binomial training on hard labels only (every N = 1), else None.
+
+    With N = 1 the Beta-Binomial likelihood is P(K = 1) = mu whatever kappa is, so only the
+    evidence regulariser reaches kappa, and it only pulls kappa down."""
+    if objective != "beta-binomial" or any(n != 1 for r in records for n in r.mc_total):
+        return None
+    return (
+        f"every step in {data} has N = 1 (hard labels, e.g. converted Math-Shepherd, PRM800K or boolean TRL data): "
+        "the Beta-Binomial likelihood of a single outcome does not depend on kappa, so kappa learns nothing about "
+        "reliability (only the evidence regulariser reaches it, pulling it down) and mu trains as with hard-ce. "
+        "Use --objective soft-ce or hard-ce for a standard PRM, or make counts with `betaprm label` (N > 1 "
+        "continuations per step) to train a BetaPRM."
+    )
+
+
 def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     """Run training; returns ``(prm, trainer, encode_stats)``. The final BetaPRM is
     written to ``cfg.output_dir``. ``quiet`` drops the Trainer's progress bar and printed
@@ -786,6 +810,9 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
     if not loaded.records:
         raise BetaPRMInputError(f"{cfg.data}: no usable records")
+    hard = hard_label_warning(loaded.records, cfg.objective, cfg.data)
+    if hard and rank == 0:
+        logger.warning(hard)
     record = run_record(cfg)
     resume = _last_checkpoint(cfg.output_dir) if cfg.resume_from_checkpoint == "last" else cfg.resume_from_checkpoint
     if resume:

@@ -9,8 +9,19 @@ DESCRIPTION = """Convert a public PRM data file to betaprm's record format, keep
                  says whether 0 counts as correct (default) or not
   trl            TRL stepwise (prompt, completions, labels): booleans are hard labels;
                  fractional labels need --soft-n N and become K = p*N of N, never rounded
+  mc-prefix      one row per solution prefix with its Monte Carlo success rate (the
+                 PRM-calibration data: question, reasoning_prefix, success_prob): needs
+                 --mc-n N (rollouts per prefix); K = round(N*rate), refused if not whole;
+                 the rows of one solution (question, and response_id if present) become
+                 one record, every step labelled by its own prefix's row
+  er-prm         ER-PRM soft labels (text with 'ки' after each step, value per step):
+                 needs --soft-n N (ER-PRM used 16); K = p*N; --er-eta ETA recovers p from
+                 the entropy-regularised value v = log(1 - p + p*e^ETA)/ETA
 
-Input is JSONL (or .json list, or .parquet with pyarrow). Every output record is
+Hard labels (N = 1) train a standard PRM; a BetaPRM's kappa learns nothing from them, and
+the summary says so (get counts with `betaprm label`).
+
+Input is JSONL, a .json list, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT]). Every output record is
 validated; bad input lines stop the run (exit 2) or, with --on-error skip, go to the
 rejects file with their reasons."""
 
@@ -19,7 +30,11 @@ def add_arguments(parser):
     from ..data.convert import FORMATS
 
     parser.add_argument("--from", dest="fmt", required=True, choices=FORMATS, help="the input format")
-    parser.add_argument("--input", required=True, help="the file to convert")
+    parser.add_argument(
+        "--input",
+        required=True,
+        help="the data to convert: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])",
+    )
     parser.add_argument("--output", required=True, help="where to write betaprm records (JSONL)")
     parser.add_argument(
         "--on-error",
@@ -40,7 +55,13 @@ def add_arguments(parser):
         default="correct",
         help="prm800k: how a 0 (neutral) rating counts (default: correct)",
     )
-    parser.add_argument("--soft-n", type=int, help="trl: N for fractional labels (K = p*N)")
+    parser.add_argument("--soft-n", type=int, help="trl, er-prm: N for fractional labels (K = p*N)")
+    parser.add_argument(
+        "--mc-n", type=int, help="mc-prefix: the rollouts behind each success rate (K = round(N*rate))"
+    )
+    parser.add_argument(
+        "--er-eta", type=float, help="er-prm: the entropy coefficient of the labels; p is recovered from them"
+    )
 
 
 def run(args):
@@ -53,11 +74,19 @@ def run(args):
         raise BetaPRMInputError(
             f"--soft-n must be in [1, 16777216] (counts are exact in float32 up to 2**24), got {args.soft_n}"
         )
+    if args.fmt == "mc-prefix" and not (args.mc_n and args.mc_n >= 1):
+        raise BetaPRMInputError("--from mc-prefix needs --mc-n N (>= 1): the rollouts behind each success rate")
+    if args.fmt == "er-prm" and args.soft_n is None:
+        raise BetaPRMInputError("--from er-prm needs --soft-n N: the rollouts each soft label was computed from")
+    if args.er_eta is not None and (args.fmt != "er-prm" or args.er_eta <= 0):
+        raise BetaPRMInputError("--er-eta is for --from er-prm and must be > 0")
     opts = ConvertOptions(
         source_name=args.source_name or Path(args.input).stem,
         image_root=args.image_root,
         neutral_correct=args.prm800k_neutral == "correct",
         soft_n=args.soft_n,
+        mc_n=args.mc_n,
+        er_eta=args.er_eta,
     )
     rejects = args.rejects or str(Path(args.output).with_suffix("")) + ".rejects.jsonl"
     stats = convert_file(args.fmt, args.input, args.output, opts, on_error=args.on_error, rejects=rejects)
@@ -68,4 +97,11 @@ def run(args):
     if stats["rejected"]:
         msg += f", {stats['rejected']} rejected (see {rejects})"
     print(msg)
+    if stats["hard_labels"]:
+        print(
+            "these are hard labels (N = 1 per step): train a standard PRM on them (--objective soft-ce or hard-ce); "
+            "a BetaPRM's kappa learns nothing from single outcomes; counts with N > 1 come from `betaprm label`"
+        )
+    elif stats["soft"]:
+        print('soft counts: K = p*N is fractional ("soft": true), never rounded')
     return 0

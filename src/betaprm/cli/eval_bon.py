@@ -24,7 +24,11 @@ test accuracy with 95% bootstrap intervals and the average gain over single pass
 
 @dataclass
 class EvalBonConfig(ScoringOptions):
-    pools: str = _f("", "comma-separated pool files, one per benchmark (the file name is the benchmark name)")
+    pools: str = _f(
+        "",
+        "comma-separated pool sources, one per benchmark (JSONL, .json, parquet, a save_to_disk folder or a hub name; "
+        "the file or folder name is the benchmark name)",
+    )
     model: str | None = _f(None, "a PRM directory, to score pools that have no mu/kappa/sigma")
     out: str | None = _f(None, "write the results here (JSON)")
     plots: str | None = _f(None, "write Best-of-n curves (PNG, one per benchmark) into this folder")

@@ -40,7 +40,7 @@ NOT_RESULTS = {
 @dataclass
 class ScoreConfig(ScoringOptions):
     model: str = opt("", "BetaPRM directory (from betaprm train)")
-    input: str = opt("", "candidate pools (JSONL)")
+    input: str = opt("", "candidate pools: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])")
     output: str = opt("", "scored pools (JSONL, appended)")
     device: str = opt("auto", "auto (cuda when present), cpu, cuda, cuda:1, ...")
     on_error: str = opt("fail", "fail: stop on any bad record; skip: leave it out and write it to --rejects")

@@ -1,7 +1,7 @@
 """betaprm validate"""
 
 HELP = "check a records file and report every problem (exit 0 when clean, 2 otherwise)"
-DESCRIPTION = """Check a JSONL file of records without training on it.
+DESCRIPTION = """Check records (a JSONL file, or any source --data takes) without training on them.
 
 Counts records (--kind counts, the default) need id, question, steps, mc_correct (K per
 step) and mc_total (N per step or one N); pool records (--kind pool) need id, question
@@ -10,7 +10,9 @@ and candidates. Every problem is listed with file, line, field and the fix. Exit
 
 
 def add_arguments(parser):
-    parser.add_argument("file", help="the JSONL file to check")
+    parser.add_argument(
+        "file", help="the records to check: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])"
+    )
     parser.add_argument(
         "--kind",
         choices=["counts", "pool"],

@@ -17,7 +17,23 @@ format              what becomes K of N
                     booleans -> K in {0, 1}, N = 1; fractional labels p in [0, 1]
                     need ``soft_n`` and become K = p * soft_n of N = soft_n with
                     ``"soft": true`` (never rounded).
+``mc-prefix``       one row per solution prefix with its Monte Carlo success rate
+                    over ``mc_n`` rollouts (the PRM-calibration data: ``question``,
+                    ``reasoning_prefix`` with steps split by blank lines, and
+                    ``success_prob``): K = round(mc_n * rate), refused when that is
+                    not a whole count. Rows of one solution (same question, and
+                    ``response_id`` when present) become one record: the longest
+                    prefix's steps, each labelled by the row of that prefix; rows of
+                    the same prefix pool their counts; a missing prefix is an error.
+``er-prm``          ER-PRM soft labels (``text`` tagged with ``ки`` after each step,
+                    ``value`` one label per tag) from ``soft_n`` rollouts: K = p *
+                    soft_n (``"soft": true``), p the label itself, or, with ``er_eta``,
+                    the success rate recovered from ER-PRM's entropy-regularised value
+                    v = log(1 - p + p e^eta) / eta.
 ==================  ================================================================
+
+Hard labels (every N = 1) are said so in the summary: a BetaPRM learns nothing about kappa
+from them (``betaprm train`` warns too).
 
 A source record that cannot be converted raises ``ConversionError`` naming the field
 and the fix; the CLI reports it with the input line, like any other bad record.
@@ -26,6 +42,7 @@ and the fix; the CLI reports it with the input line, like any other bad record.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +51,7 @@ from ..errors import BetaPRMInputError
 from .records import Problem, validate_object, write_rejects
 from .sources import iter_rows
 
-FORMATS = ("visualprm-raw", "math-shepherd", "prm800k", "trl")
+FORMATS = ("visualprm-raw", "math-shepherd", "prm800k", "trl", "mc-prefix", "er-prm")
 SHEPHERD_TAG = "ки"
 
 
@@ -53,7 +70,11 @@ class ConvertOptions:
     neutral_correct: bool = True
     """PRM800K: whether a 0 (neutral) rating counts as a correct step."""
     soft_n: int | None = None
-    """TRL: N for fractional labels (K = p * N)."""
+    """TRL and ER-PRM: N for fractional labels (K = p * N)."""
+    mc_n: int | None = None
+    """mc-prefix: the rollouts behind each success rate (K = round(mc_n * rate))."""
+    er_eta: float | None = None
+    """ER-PRM: the entropy coefficient its labels were made with (recovers p from v)."""
 
 
 def _need(obj: dict, key: str, typ, fix: str):
@@ -137,18 +158,7 @@ def from_math_shepherd(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
             f"has text after the last tag: {pieces[-1].strip()[:40]!r}",
             "every step, the last included, must end with the tag",
         )
-    head = pieces[0]
-    cut = max(head.find("Step 1:"), head.find("step 1:"))
-    if cut < 0:
-        # Some Math-Shepherd rows put a tag inside the question; guessing a split would
-        # misalign every label after it, so such rows are rejected instead.
-        raise ConversionError(
-            "input",
-            "cannot find where the question ends ('Step 1:' is missing before the first tag)",
-            "fix the row or leave it out (--on-error skip)",
-        )
-    question = head[:cut].strip()
-    steps = [head[cut:].strip()] + [p.strip() for p in pieces[1:-1]]
+    question, steps = _question_and_steps(pieces, "input")
     rec = {
         "id": str(obj.get("id", f"{opts.source_name}-{line}")),
         "question": question,
@@ -158,6 +168,161 @@ def from_math_shepherd(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
     }
     rec["source"] = str(obj.get("task", opts.source_name))
     return [rec]
+
+
+def _question_and_steps(pieces: list[str], field: str) -> tuple[str, list[str]]:
+    """The question and the steps of a text cut at its step tags (``pieces``: the text
+    split by the tag; the last piece must be empty)."""
+    head = pieces[0]
+    cut = max(head.find("Step 1:"), head.find("step 1:"))
+    if cut < 0:
+        # Some Math-Shepherd rows put a tag inside the question; guessing a split would
+        # misalign every label after it, so such rows are rejected instead.
+        raise ConversionError(
+            field,
+            "cannot find where the question ends ('Step 1:' is missing before the first tag)",
+            "fix the row or leave it out (--on-error skip)",
+        )
+    return head[:cut].strip(), [head[cut:].strip()] + [p.strip() for p in pieces[1:-1]]
+
+
+def from_er_prm(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
+    text = _need(obj, "text", str, "ER-PRM records have the tagged solution in 'text'")
+    values = _need(obj, "value", list, "ER-PRM records have one soft label per step tag in 'value'")
+    pieces = text.split(SHEPHERD_TAG)
+    if len(pieces) == 1:
+        raise ConversionError("text", f"has no {SHEPHERD_TAG!r} step tag", "each step must end with the tag")
+    if pieces[-1].strip():
+        raise ConversionError(
+            "text", f"has text after the last tag: {pieces[-1].strip()[:40]!r}", "every step must end with the tag"
+        )
+    if len(values) != len(pieces) - 1:
+        raise ConversionError(
+            "value", f"has {len(values)} labels for {len(pieces) - 1} step tags", "give one label per tag"
+        )
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            raise ConversionError(f"value[{i}]", f"= {v!r} is not in [0, 1]", "labels must be numbers in [0, 1]")
+    if opts.soft_n is None:
+        raise ConversionError(
+            "value",
+            "holds soft labels",
+            "pass --soft-n N: the rollouts each label was computed from (ER-PRM used 16)",
+        )
+    question, steps = _question_and_steps(pieces, "text")
+    if opts.er_eta:
+        eta = opts.er_eta
+        # v = log(1 - p + p e^eta) / eta  <=>  p = (e^(eta v) - 1) / (e^eta - 1)
+        values = [min(1.0, max(0.0, math.expm1(eta * v) / math.expm1(eta))) for v in values]
+    return [
+        {
+            "id": str(obj.get("id", f"{opts.source_name}-{line}")),
+            "question": question,
+            "steps": steps,
+            "mc_correct": [float(v) * opts.soft_n for v in values],
+            "mc_total": opts.soft_n,
+            "soft": True,
+            "source": opts.source_name,
+        }
+    ]
+
+
+PREFIX_FIELDS = {
+    "question": ("question", "problem"),
+    "prefix": ("reasoning_prefix", "first_pass_prefix", "prefix"),
+    "rate": ("success_prob", "accuracy", "mc_value"),
+}
+
+
+def _first_field(obj: dict, names: tuple[str, ...], fix: str):
+    for k in names:
+        if obj.get(k) is not None:
+            return k, obj[k]
+    raise ConversionError("/".join(names), "is missing", fix)
+
+
+def from_mc_prefix(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
+    """One prefix row, checked; ``assemble_mc_prefix`` makes the records."""
+    if opts.mc_n is None:
+        raise ConversionError("(file)", "needs the rollout count", "pass --mc-n N: rollouts behind each success rate")
+    _, question = _first_field(obj, PREFIX_FIELDS["question"], "each row needs its question")
+    pkey, prefix = _first_field(obj, PREFIX_FIELDS["prefix"], "each row needs its solution prefix")
+    rkey, rate = _first_field(obj, PREFIX_FIELDS["rate"], "each row needs the prefix's success rate")
+    if not isinstance(question, str) or not question.strip():
+        raise ConversionError("question", "must be a non-empty string", "write the question as text")
+    if isinstance(prefix, str):
+        steps = [p.strip() for p in prefix.split("\n\n") if p.strip()]
+    elif isinstance(prefix, list) and all(isinstance(p, str) for p in prefix):
+        steps = [p.strip() for p in prefix]
+    else:
+        raise ConversionError(pkey, "must be a string (steps split by blank lines) or a list of steps", "fix the row")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+        raise ConversionError(rkey, f"= {rate!r} is not a success rate in [0, 1]", "fix the row")
+    k = round(rate * opts.mc_n)
+    if abs(rate * opts.mc_n - k) > 0.02:
+        raise ConversionError(
+            rkey,
+            f"= {rate!r} with --mc-n {opts.mc_n} gives {rate * opts.mc_n:.3g} successes, not a whole count",
+            "check --mc-n (the rollouts per prefix), or use a converter for soft labels",
+        )
+    group = (question, str(obj["response_id"]) if obj.get("response_id") is not None else None)
+    return [{"group": group, "steps": steps, "k": k, "line": line, "answer": obj.get("answer")}]
+
+
+def assemble_mc_prefix(rows: list[dict], opts: ConvertOptions) -> list[tuple[int, dict | None, Problem | None]]:
+    """Records from prefix rows (``from_mc_prefix``): per solution, the longest prefixes,
+    each step labelled by the row of its prefix (rows of one prefix pooled). Returns
+    ``(line, record, None)`` or ``(line, None, problem)`` per record, in input order."""
+    groups: dict = {}
+    for r in rows:
+        if r["steps"]:  # the empty prefix (the question alone) labels no step
+            groups.setdefault(r["group"], []).append(r)
+    out = []
+    for (question, _), rs in groups.items():
+        counts: dict = {}
+        for r in rs:
+            k, n = counts.get(tuple(r["steps"]), (0, 0))
+            counts[tuple(r["steps"])] = (k + r["k"], n + opts.mc_n)
+        prefixes = set(counts)
+        leaves = [
+            r
+            for r in rs
+            if not any(len(p) > len(r["steps"]) and p[: len(r["steps"])] == tuple(r["steps"]) for p in prefixes)
+        ]
+        done = set()
+        for r in leaves:
+            steps = tuple(r["steps"])
+            if steps in done:
+                continue
+            done.add(steps)
+            missing = [j for j in range(1, len(steps) + 1) if steps[:j] not in counts]
+            if missing:
+                out.append(
+                    (
+                        r["line"],
+                        None,
+                        Problem(
+                            r["line"],
+                            "prefix",
+                            f"the prefixes of {', '.join(map(str, missing[:5]))} step(s) of this {len(steps)}-step "
+                            "solution have no row, so those steps have no count",
+                            "give a row for every prefix of a solution, or leave the solution out (--on-error skip)",
+                        ),
+                    )
+                )
+                continue
+            rec = {
+                "id": f"{opts.source_name}-{r['line']}",
+                "question": question,
+                "steps": list(steps),
+                "mc_correct": [counts[steps[:j]][0] for j in range(1, len(steps) + 1)],
+                "mc_total": [counts[steps[:j]][1] for j in range(1, len(steps) + 1)],
+                "source": opts.source_name,
+            }
+            if r["answer"] is not None:
+                rec["answer"] = str(r["answer"])
+            out.append((r["line"], rec, None))
+    return sorted(out, key=lambda x: x[0])
 
 
 def from_prm800k(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
@@ -267,7 +432,11 @@ CONVERTERS = {
     "math-shepherd": from_math_shepherd,
     "prm800k": from_prm800k,
     "trl": from_trl,
+    "mc-prefix": from_mc_prefix,
+    "er-prm": from_er_prm,
 }
+ASSEMBLERS = {"mc-prefix": assemble_mc_prefix}
+"""Formats whose rows are parts of records: converted row by row, then put together."""
 
 
 def convert_file(
@@ -288,6 +457,7 @@ def convert_file(
     opts = opts or ConvertOptions(source_name=src.stem)
     convert = CONVERTERS[fmt]
     out, bad, seen = [], [], set()
+    parts, rows_by_line = [], {}  # formats whose rows are parts of records (ASSEMBLERS)
     n_in = 0
     for line, obj, parse_problem, raw in iter_rows(input_path, "--input"):
         n_in += 1
@@ -307,6 +477,10 @@ def convert_file(
             except ConversionError as e:
                 problems = [Problem(line, e.field, e.message, e.fix)]
             else:
+                if fmt in ASSEMBLERS:
+                    parts.extend(recs)
+                    rows_by_line[line] = (obj, raw)
+                    continue
                 for rec in recs:
                     _, ps = validate_object(
                         rec, line, "counts", marker, base_dir=None, seen_ids=seen, check_images=False
@@ -316,6 +490,17 @@ def convert_file(
                         out.append(rec)
         if problems:
             bad.append((line, problems, obj, raw))
+    if fmt in ASSEMBLERS:
+        for line, rec, problem in ASSEMBLERS[fmt](parts, opts):
+            ps = (
+                [problem]
+                if problem
+                else validate_object(rec, line, "counts", marker, base_dir=None, seen_ids=seen, check_images=False)[1]
+            )
+            if ps:
+                bad.append((line, ps, *rows_by_line[line]))
+            else:
+                out.append(rec)
     if bad and on_error == "fail":
         shown = "\n  ".join(p.render(str(src)) for _, ps, _, _ in bad[:30] for p in ps)
         raise BetaPRMInputError(
@@ -328,4 +513,13 @@ def convert_file(
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     if rejects and bad:
         write_rejects(rejects, str(src), bad)
-    return {"read": n_in, "written": len(out), "rejected": len(bad), "steps": sum(len(r["steps"]) for r in out)}
+    return {
+        "read": n_in,
+        "written": len(out),
+        "rejected": len(bad),
+        "steps": sum(len(r["steps"]) for r in out),
+        # every step N = 1: hard labels, which teach a BetaPRM's kappa nothing
+        "hard_labels": bool(out)
+        and all((r["mc_total"] == 1 if isinstance(r["mc_total"], int) else set(r["mc_total"]) == {1}) for r in out),
+        "soft": any(r.get("soft") for r in out),
+    }
