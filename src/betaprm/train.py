@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -102,6 +103,13 @@ class TrainConfig:
     resume_from_checkpoint: str | None = _f(
         None, "checkpoint directory to resume from, or 'last' for the newest in output_dir"
     )
+    push_to_hub: str | None = _f(
+        None,
+        "after training, upload the final BetaPRM (the same safetensors directory as --output-dir, without its "
+        "checkpoint-* folders) to this hub repository, NAME or OWNER/NAME, created if missing (needs a token: "
+        "`hf auth login` or HF_TOKEN)",
+    )
+    hub_private: bool = _f(False, "with --push-to-hub: create the repository as private")
     overwrite_output_dir: bool = _f(
         False,
         "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model "
@@ -146,7 +154,9 @@ class TrainConfig:
         if not self.model:
             problems.append("--model is required (a causal-LM directory or a BetaPRM checkpoint)")
         if not self.data:
-            problems.append("--data is required (a JSONL file of counts records)")
+            problems.append("--data is required (counts records: JSONL, parquet, a saved dataset or a hub name)")
+        if self.push_to_hub is not None and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", self.push_to_hub):
+            problems.append(f"--push-to-hub must be NAME or OWNER/NAME, got {self.push_to_hub!r}")
         if self.objective not in OBJECTIVES:
             problems.append(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if self.truncation not in ("keep-steps", "reject"):
@@ -647,6 +657,8 @@ NOT_RESULTS = {
     "report_to",
     "resume_from_checkpoint",
     "overwrite_output_dir",
+    "push_to_hub",
+    "hub_private",
     "on_error",
     "rejects",
     "trust_remote_code",
@@ -938,4 +950,34 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
             kappa_dynamics(trainer.state.log_history, Path(cfg.plots) / "kappa_dynamics.png")
     say(dataset.stats.describe(cfg.max_length))
     say(f"saved the BetaPRM to {out_dir}")
+    if cfg.push_to_hub and trainer.args.should_save:
+        url = push_to_hub(out_dir, cfg.push_to_hub, cfg.hub_private)
+        say(f"uploaded the BetaPRM to {url}")
     return prm, trainer, dataset.stats
+
+
+HUB_IGNORE = ["checkpoint-*", "runs/*", "rejects.jsonl", "*.lock"]
+"""What --push-to-hub leaves out of --output-dir: resumable checkpoints, logs, rejects."""
+
+
+def push_to_hub(folder, repo_id: str, private: bool = False) -> str:
+    """Upload the final BetaPRM directory (``HUB_IGNORE`` left out) to ``repo_id`` through
+    ``huggingface_hub``, creating the repository when missing; returns its URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        url = api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            ignore_patterns=HUB_IGNORE,
+            commit_message="betaprm train: final BetaPRM",
+        )
+    except Exception as e:  # network, authentication, permissions: the model is saved locally either way
+        raise BetaPRMInputError(
+            f"--push-to-hub {repo_id}: the upload failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the "
+            f"model is saved in {folder}: log in (`hf auth login` or HF_TOKEN) and upload it with `hf upload "
+            f"{repo_id} {folder}`"
+        ) from None
+    return str(url)
