@@ -44,3 +44,33 @@ def test_bootstrap_intervals():
 def test_spearman():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 1000]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_count_calibration_against_scipy_and_by_hand():
+    from scipy.stats import betabinom, binom
+
+    from betaprm.evaluation.calibration import evaluate_counts
+
+    mu = np.array([0.1, 0.15, 0.5, 0.9])
+    kappa = np.array([2.0, 50.0, 5.0, 1000.0])
+    k = np.array([0.0, 3.0, 8.0, 16.0])
+    n = np.array([16.0, 16.0, 16.0, 16.0])
+    r = evaluate_counts(mu, kappa, k, n, beta=True, bins=2)
+    a, b = mu * kappa + 1e-6, (1 - mu) * kappa + 1e-6
+    assert r["nll"]["beta_binomial"] == pytest.approx(-betabinom.logpmf(k, n, a, b).mean(), rel=1e-6)
+    assert r["nll"]["binomial_at_mu"] == pytest.approx(-binom.logpmf(k, n, mu).mean(), rel=1e-9)
+    p = k.sum() / n.sum()
+    assert r["constant_rate"] == p and r["nll"]["constant"] == pytest.approx(-binom.logpmf(k, n, p).mean())
+    rate = k / n
+    # two bins: mu < 0.5 holds steps 0 and 1, mu >= 0.5 steps 2 and 3
+    ece = 0.5 * abs(0.125 - (0 + 3 / 16) / 2) + 0.5 * abs(0.7 - (0.5 + 1) / 2)
+    assert r["ece"] == pytest.approx(ece) and r["brier"] == pytest.approx(((mu - rate) ** 2).mean())
+    for level in (0.5, 0.9):
+        lo, hi = betabinom.ppf((1 - level) / 2, n, a, b), betabinom.ppf((1 + level) / 2, n, a, b)
+        got = r["intervals"][f"beta_binomial_{level:g}"]
+        assert got["coverage"] == pytest.approx(((k >= lo) & (k <= hi)).mean())
+        assert got["width"] == pytest.approx(((hi - lo) / n).mean())
+    # a point estimate ignores how unsure mu is: its intervals are narrower than the Beta-Binomial's
+    assert r["intervals"]["binomial_at_mu_0.9"]["width"] < r["intervals"]["beta_binomial_0.9"]["width"]
+    std = evaluate_counts(mu, kappa, k, n, beta=False)
+    assert "beta_binomial" not in std["nll"] and "spearman_sigma_error" not in std
