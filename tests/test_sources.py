@@ -84,6 +84,10 @@ def test_parquet_and_saved_folders_give_the_jsonl_records(tmp_path):
         read_records(tmp_path / "dict")
     with pytest.raises(BetaPRMInputError, match=r"no split 'dev'; it has train, test"):
         read_records(f"{tmp_path}/dict:dev")
+    # a missing path is a missing file at once, never a hub lookup
+    for missing in (tmp_path / "nope", tmp_path / "nope.csv", "runs/data/nope"):
+        with pytest.raises(BetaPRMInputError, match="no such file"):
+            read_records(missing, flag="--data")
     # a bad row is named by its row number, as a JSONL line is by its line
     bad = [*rows[:2], {**rows[2], "mc_correct": [9, 0]}]
     datasets.Dataset.from_list(bad).to_parquet(str(tmp_path / "bad.parquet"))

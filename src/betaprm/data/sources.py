@@ -25,6 +25,8 @@ from ..errors import BetaPRMInputError
 from .records import Problem, iter_jsonl, load_json_file, open_input
 
 Row = tuple[int, Any, "Problem | None", "str | None"]
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow", ".gz")
+"""A missing path with one of these is a missing file, never tried as a hub name."""
 
 
 def _table_rows(rows) -> Iterator[Row]:
@@ -137,7 +139,11 @@ def iter_splits(spec, flag: str | None = None, all_splits: bool = True) -> list[
     With ``all_splits`` False a source of several splits must name one."""
     spec = str(spec)
     p = Path(spec)
-    if p.is_file() or (not p.exists() and p.suffix in (".jsonl", ".json", ".parquet")):
+    name = _split_spec(spec)[0]
+    looks_like_path = (
+        p.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or p.suffix in FILE_SUFFIXES
+    )
+    if p.is_file() or (not p.exists() and not Path(name).exists() and looks_like_path):
         return [(None, _file_rows(p, flag))]  # a missing file gets open_input's message
     name, split = _split_spec(spec)
     return [(s, _table_rows(ds)) for s, ds in _splits(name, split, flag, all_splits)]
