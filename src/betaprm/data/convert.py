@@ -37,6 +37,9 @@ from them (``betaprm train`` warns too).
 
 A source record that cannot be converted raises ``ConversionError`` naming the field
 and the fix; the CLI reports it with the input line, like any other bad record.
+
+Over 400 lines because it holds six short converters that share one driver
+(``convert_file``) and its error handling; the table above stays next to their code.
 """
 
 from __future__ import annotations
