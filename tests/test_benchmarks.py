@@ -130,7 +130,7 @@ def test_threshold_val_is_chosen_on_validation_only():
     items = [_pb(-1 if i % 2 else 1, 3) for i in range(60)]
     scores = [np.array([0.9, 0.8, 0.7]) if it.label == -1 else np.array([0.9, 0.3, 0.9]) for it in items]
     r = evaluate_processbench(items, scores, "val", val_fraction=0.3)
-    assert r["threshold_chosen_on"] == "validation" and 0.3 <= r["threshold"] < 0.7
+    assert r["threshold_chosen_on"] == "validation" and 0.3 <= r["threshold"] < 0.7 and r["val_average_f1"] == 100.0
     assert r["n_items"] + r["n_val_items"] == 60 and r["subsets"]["gsm8k"]["f1"] == 100.0
 
 
@@ -194,7 +194,8 @@ def _prmbench_rows():
 
     return [
         rec("p0", "redundency", ["a", "b", "c"], [2]),
-        rec("p0", "redundency", ["a", "b"], [2]),  # same idx: its original is added once
+        rec("p0", "redundency", ["x", "y"], [1]),  # same classification and idx: read once, as there
+        rec("p3", "redundency", ["a", "b"], [2], original=["o3", "o4"]),
         rec("p1", "circular", ["a", "b", "c", "d"], [3, 4]),
         rec("p2", "multi_solutions", ["a", "b"], []),
     ]
@@ -203,17 +204,19 @@ def _prmbench_rows():
 def test_prmbench_metrics_by_hand(tmp_path):
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _prmbench_rows()))
     items = read_prmbench(tmp_path / "b.jsonl")
-    assert [it.category for it in items] == ["redundency", "correct", "redundency", "circular", "multi_solutions"]
+    cats = ["redundency", "correct", "redundency", "correct", "circular", "multi_solutions"]
+    assert [it.category for it in items] == cats
     assert items[0].error_steps == {1} and items[1].steps == ["o1", "o2"] and items[1].question == "qp0"
-    scores = {
-        "redundency_p0": None,
-        0: [0.9, 0.8, 0.2],  # steps +,-,+ : TP, FP, FN
-        1: [0.7, 0.4],  # original, all +: TP, FN
-        2: [0.5, 0.1],  # +,- : 0.5 is not above 0.5 -> FN; TN
-        3: [0.6, 0.2, 0.3, 0.9],  # +,+,-,- : TP, FN, TN, FP
-        4: [0.6, 0.5],  # +,+ : TP, FN
-    }
-    r = evaluate_prmbench(items, [np.array(scores[i]) for i in range(5)], 0.5)
+    assert items[0].steps == ["a", "b", "c"] and items[3].steps == ["o3", "o4"]
+    scores = [
+        [0.9, 0.8, 0.2],  # steps +,-,+ : TP, FP, FN
+        [0.7, 0.4],  # original, all +: TP, FN
+        [0.5, 0.1],  # +,- : 0.5 is not above 0.5 -> FN; TN
+        [0.9, 0.9],  # original: TP, TP
+        [0.6, 0.2, 0.3, 0.9],  # +,+,-,- : TP, FN, TN, FP
+        [0.6, 0.5],  # +,+ : TP, FN
+    ]
+    r = evaluate_prmbench(items, [np.array(x) for x in scores], 0.5)
     red, cir, ms, cor = (r["categories"][c] for c in ("redundency", "circular", "multi_solutions", "correct"))
     assert red["counts"] == {"tp": 1, "fp": 1, "tn": 1, "fn": 2}
     # positive: P 1/2, R 1/3 -> F1 0.4; negative: P 1/3, R 1/2 -> 0.4
@@ -223,7 +226,8 @@ def test_prmbench_metrics_by_hand(tmp_path):
     # multi_solutions: no wrong step; negative precision 0/1 and recall undefined (-1): its F1
     # is 0 and PRMScore is the positive F1 alone, 2 * 1 * 0.5 / 1.5
     assert ms["f1"] == pytest.approx(2 / 3) and ms["negative_f1"] == 0 and ms["prm_score"] == pytest.approx(2 / 3)
-    assert cor["counts"] == {"tp": 1, "fp": 0, "tn": 0, "fn": 1}
+    # the originals: TP 3, FN 1; no wrong step, so PRMScore is the positive F1 (P 1, R 3/4)
+    assert cor["counts"] == {"tp": 3, "fp": 0, "tn": 0, "fn": 1} and cor["prm_score"] == pytest.approx(6 / 7)
     # overall pools every category but the originals: TP 3, FP 2, TN 2, FN 4
     f_pos = 2 * (3 / 5) * (3 / 7) / (3 / 5 + 3 / 7)
     f_neg = 2 * (2 / 6) * (2 / 4) / (2 / 6 + 2 / 4)
@@ -246,11 +250,11 @@ def test_prmbench_undefined_f1_and_clipping():
 
 def test_prmbench_bad_record(tmp_path):
     rows = _prmbench_rows()
-    rows[2]["error_steps"] = [5]
+    rows[3]["error_steps"] = [5]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(BetaPRMInputError, match=r"b.jsonl:3: field 'error_steps' must list step numbers from 1 to 4"):
+    with pytest.raises(BetaPRMInputError, match=r"b.jsonl:4: field 'error_steps' must list step numbers from 1 to 4"):
         read_prmbench(tmp_path / "b.jsonl")
-    rows[2] = {**_prmbench_rows()[2], "classification": "typo"}
+    rows[3] = {**_prmbench_rows()[3], "classification": "typo"}
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(BetaPRMInputError, match="categories are redundency, circular"):
         read_prmbench(tmp_path / "b.jsonl")
@@ -294,3 +298,50 @@ def test_eval_steps_processbench_and_prmbench_commands(tmp_path, tiny_prm_dir, c
     want = evaluate_prmbench(items, mus, 0.5)
     assert res["overall"] == pytest.approx(want["overall"]) and res["format"] == "prmbench"
     assert res["categories"]["redundency"]["counts"] == want["categories"]["redundency"]["counts"]
+
+
+def test_processbench_folder_of_subset_files_and_early_refusals(tmp_path):
+    from betaprm.cli import main
+
+    rows = _pb_rows()
+    (tmp_path / "pb").mkdir()
+    for name, part in (("gsm8k", rows[:6]), ("math", rows[6:])):
+        (tmp_path / "pb" / f"{name}.json").write_text(json.dumps(part))
+    items = read_processbench(tmp_path / "pb")  # a folder of files: each file a subset
+    assert [it.subset for it in items] == ["gsm8k"] * 6 + ["math"] * 6
+    # a validation part with one kind of item only cannot choose a threshold
+    one_kind = [_pb(-1, 2) for _ in range(3)]
+    with pytest.raises(BetaPRMInputError, match="holds only correct items"):
+        choose_threshold(one_kind, [np.array([0.9, 0.9])] * 3)
+    # refused before any model is loaded or any trace scored
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _prmbench_rows()))
+    assert (
+        main(
+            [
+                "eval-steps",
+                "--model",
+                str(tmp_path / "none"),
+                "--data",
+                str(tmp_path / "b.jsonl"),
+                "--threshold",
+                "val",
+            ]
+        )
+        == 2
+    )
+    vpb = {"question": "q", "response": {"steps": ["a"], "process_correctness": [1]}}
+    (tmp_path / "v.jsonl").write_text(json.dumps(vpb) + "\n")
+    assert (
+        main(
+            [
+                "eval-steps",
+                "--model",
+                str(tmp_path / "none"),
+                "--data",
+                str(tmp_path / "v.jsonl"),
+                "--threshold",
+                "0.5",
+            ]
+        )
+        == 2
+    )

@@ -142,3 +142,18 @@ def test_a_hub_name_loads_offline_from_the_cache_and_a_missing_one_is_a_clear_er
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "not a file, and datasets could not load it as a hub name" in res.stderr
     assert "HF_HUB_OFFLINE" in res.stderr
+
+
+def test_data_fingerprints_follow_contents_and_a_file_has_no_splits(tmp_path):
+    import datasets
+
+    from betaprm.provenance import fingerprint
+
+    rows = _rows()
+    datasets.Dataset.from_dict({k: [r.get(k) for r in rows] for k in rows[0]}).save_to_disk(str(tmp_path / "a"))
+    datasets.Dataset.from_dict({k: [r.get(k) for r in rows[:3]] for k in rows[0]}).save_to_disk(str(tmp_path / "b"))
+    fa, fb = fingerprint(tmp_path / "a"), fingerprint(tmp_path / "b")
+    assert fa != fb and fa != fingerprint(tmp_path / "empty")
+    (tmp_path / "c.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(BetaPRMInputError, match=r"c.jsonl is a file, which has no splits; drop ':train'"):
+        read_records(f"{tmp_path / 'c.jsonl'}:train")

@@ -104,10 +104,35 @@ def file_fingerprint(path) -> str:
     return h.hexdigest()[:16]
 
 
+def data_fingerprint(spec) -> str:
+    """A data source's fingerprint (``data.sources``): a file's bytes; a folder's files,
+    all of them, by relative name and content; a hub name as itself. ``:SPLIT`` after a
+    folder or name is kept."""
+    spec = str(spec)
+    p = Path(spec)
+    if p.is_file():
+        return file_fingerprint(p)
+    name, split = (spec.rsplit(":", 1) + [""])[:2] if not p.exists() and ":" in spec else (spec, "")
+    root = Path(name)
+    if not root.is_dir():
+        return f"name:{spec}"
+    h = hashlib.sha256()
+    for f in sorted(x for x in root.rglob("*") if x.is_file() and not x.name.endswith(".lock")):
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        _hash_file(h, f)
+    return h.hexdigest()[:16] + (f":{split}" if split else "")
+
+
 def fingerprint(path) -> str:
-    """A file's ``file_fingerprint``, a directory's ``model_fingerprint``, else the name
-    itself (a hub id, a served model's name; a missing path is reported where it is used)."""
-    return file_fingerprint(path) if Path(path).is_file() else model_fingerprint(path)
+    """A file's ``file_fingerprint``, a model directory's ``model_fingerprint`` (it holds
+    config.json), any other folder's ``data_fingerprint``, else the name itself (a hub id, a
+    served model's name; a missing path is reported where it is used)."""
+    p = Path(str(path))
+    if p.is_file():
+        return file_fingerprint(p)
+    if p.is_dir() and (p / "config.json").is_file():
+        return model_fingerprint(p)
+    return data_fingerprint(path)
 
 
 def settings_of(cfg, exclude) -> dict:

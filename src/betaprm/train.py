@@ -952,7 +952,10 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     say(f"saved the BetaPRM to {out_dir}")
     if cfg.push_to_hub and trainer.args.should_save:
         url = push_to_hub(out_dir, cfg.push_to_hub, cfg.hub_private)
-        say(f"uploaded the BetaPRM to {url}")
+        say(
+            f"uploaded the BetaPRM to {url}; to use it elsewhere, `hf download {cfg.push_to_hub} --local-dir DIR` "
+            "and pass DIR as --model (betaprm loads BetaPRMs from local folders)"
+        )
     return prm, trainer, dataset.stats
 
 

@@ -102,6 +102,11 @@ def run(args):
             "these are hard labels (N = 1 per step): train a standard PRM on them (--objective soft-ce or hard-ce); "
             "a BetaPRM's kappa learns nothing from single outcomes; counts with N > 1 come from `betaprm label`"
         )
-    elif stats["soft"]:
+    if stats["er_values_as_rates"]:
+        print(
+            "er-prm without --er-eta: each label is taken as the success rate p itself; ER-PRM's labels are "
+            "entropy-regularised values v >= p, so pass --er-eta (the coefficient they were made with) to recover p"
+        )
+    if stats["soft"] and not stats["hard_labels"]:
         print('soft counts: K = p*N is fractional ("soft": true), never rounded')
     return 0

@@ -46,7 +46,9 @@ class EvalStepsConfig(ScoringOptions):
         "a number (a step is correct when its score is above it), or val (chosen on --val-fraction of the problems); "
         "auto: val for visualprocessbench, 0.5 for processbench and prmbench (as published)",
     )
-    out: str | None = _f(None, "write overall_f1, per_source, threshold and step counts here (JSON)")
+    out: str | None = _f(
+        None, "write the results here (JSON): the printed table's numbers, the threshold, counts and settings"
+    )
     plots: str | None = _f(
         None,
         "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this "
@@ -109,7 +111,9 @@ def detect_format(spec) -> str:
     from ..errors import BetaPRMInputError
 
     for _, rows in iter_splits(spec, "--data"):
-        for _, obj, _, _ in rows:
+        for line, obj, problem, _ in rows:
+            if problem is not None:
+                raise BetaPRMInputError(f"{spec}:{line}: {problem.message}; fix: {problem.fix}")
             if isinstance(obj, dict):
                 if "response" in obj:
                     return "visualprocessbench"
@@ -135,6 +139,16 @@ def run(args):
     cfg = config_from_args(EvalStepsConfig, args)
     fmt = detect_format(cfg.data) if cfg.format == "auto" else cfg.format
     threshold = cfg.threshold if cfg.threshold != "auto" else ("val" if fmt == "visualprocessbench" else "0.5")
+    # Refused before any scoring: a long benchmark run would otherwise end in this error.
+    if fmt == "visualprocessbench" and threshold != "val":
+        raise BetaPRMInputError(
+            f"--data {cfg.data} is VisualProcessBench, whose protocol chooses the threshold on validation; drop "
+            "--threshold"
+        )
+    if fmt == "prmbench" and threshold == "val":
+        raise BetaPRMInputError(
+            "--threshold val is not defined for prmbench (its evaluator uses a fixed 0.5); give a number"
+        )
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     items = _read(fmt, cfg.data)
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
@@ -196,7 +210,9 @@ def _processbench(cfg, items, step_scores, threshold) -> dict:
         items, step_scores, threshold if threshold == "val" else float(threshold), cfg.val_fraction, cfg.seed
     )
     where = (
-        f"chosen on {res['n_val_items']} validation items (F1 {res['val_f1']:.1f})" if threshold == "val" else "fixed"
+        f"chosen on {res['n_val_items']} validation items (average F1 there {res['val_average_f1']:.1f})"
+        if threshold == "val"
+        else "fixed"
     )
     print(f"threshold {res['threshold']:.4f} ({where}); a step is correct when its score is above it")
     print(table(res))
@@ -209,13 +225,8 @@ def _processbench(cfg, items, step_scores, threshold) -> dict:
 
 
 def _prmbench(items, step_scores, threshold) -> dict:
-    from ..errors import BetaPRMInputError
     from ..evaluation.prmbench import CATEGORIES, CORRECT, evaluate_prmbench, table
 
-    if threshold == "val":
-        raise BetaPRMInputError(
-            "--threshold val is not defined for prmbench (its evaluator uses a fixed 0.5); give a number"
-        )
     res = evaluate_prmbench(items, step_scores, float(threshold))
     print(f"threshold {res['threshold']:.4f}; a step is positive (correct) when its score is above it")
     print("PRMScore (percent)")

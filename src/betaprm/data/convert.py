@@ -525,4 +525,5 @@ def convert_file(
         "hard_labels": bool(out)
         and all((r["mc_total"] == 1 if isinstance(r["mc_total"], int) else set(r["mc_total"]) == {1}) for r in out),
         "soft": any(r.get("soft") for r in out),
+        "er_values_as_rates": fmt == "er-prm" and not opts.er_eta,
     }

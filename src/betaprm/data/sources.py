@@ -3,7 +3,8 @@
 name, from the local cache when offline, or a local folder of data files).
 
 A source is named by one string, ``SPEC[:SPLIT]``: ``train.jsonl``, ``counts.parquet``,
-``saved_folder``, ``saved_folder:test``, ``Qwen/ProcessBench:gsm8k``. An existing path
+``saved_folder``, ``saved_folder:test``, ``Qwen/ProcessBench:gsm8k``. A plain folder of data
+files (``gsm8k.json``, ``math.json``) has one split per file, named by the file's stem. An existing path
 always wins over the ``:SPLIT`` reading, so a file whose name holds a colon still opens.
 A source with several splits and none named is an error listing them, unless the caller
 reads every split (``iter_splits``, as the ProcessBench evaluator does: its splits are
@@ -25,6 +26,8 @@ from ..errors import BetaPRMInputError
 from .records import Problem, iter_jsonl, load_json_file, open_input
 
 Row = tuple[int, Any, "Problem | None", "str | None"]
+LOADABLE = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+"""Data files in a plain folder that become splits, with the datasets builder for each."""
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow", ".gz")
 """A missing path with one of these is a missing file, never tried as a hub name."""
 
@@ -91,8 +94,21 @@ def _open_dataset(name: str, flag: str | None):
                 f"{flag + ' ' if flag else ''}{name}: a save_to_disk folder that datasets cannot read ({e}); fix: "
                 "save it again"
             ) from None
+    # A plain folder of data files: one split per file, named by its stem (load_dataset alone
+    # would put gsm8k.json and math.json together in "train"). Nested layouts are left to it.
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in LOADABLE) if p.is_dir() else []
     try:
+        if files:
+            kinds = {LOADABLE[f.suffix] for f in files}
+            if len(kinds) > 1:
+                raise BetaPRMInputError(
+                    f"{flag + ' ' if flag else ''}{name}: a folder of data files of several kinds "
+                    f"({', '.join(f.name for f in files)}); keep one kind, or name a file"
+                )
+            return datasets.load_dataset(kinds.pop(), data_files={f.stem: str(f) for f in files})
         return datasets.load_dataset(name)
+    except BetaPRMInputError:
+        raise
     except Exception as e:  # datasets raises many kinds (ConnectionError, FileNotFoundError, its own)
         where = "a folder of data files" if p.is_dir() else "a hub name"
         raise BetaPRMInputError(
@@ -146,6 +162,10 @@ def iter_splits(spec, flag: str | None = None, all_splits: bool = True) -> list[
     if p.is_file() or (not p.exists() and not Path(name).exists() and looks_like_path):
         return [(None, _file_rows(p, flag))]  # a missing file gets open_input's message
     name, split = _split_spec(spec)
+    if split is not None and Path(name).is_file():
+        raise BetaPRMInputError(
+            f"{flag + ' ' if flag else ''}{spec}: {name} is a file, which has no splits; drop ':{split}'"
+        )
     return [(s, _table_rows(ds)) for s, ds in _splits(name, split, flag, all_splits)]
 
 

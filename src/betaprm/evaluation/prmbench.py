@@ -15,9 +15,14 @@ Metrics, as its evaluator and its table notebook (``form_latex_strs.ipynb``) com
 a step is predicted positive when its score is strictly above the threshold (0.5, the
 evaluator's ``validity_threshold``); TP / FP / TN / FN are pooled over all steps of a
 category (and over all categories for the overall row); F1 of the positive class and of
-the negative class, -1 where a precision or recall is undefined (0/0), as there;
+the negative class with its guards as there (a precision or recall over no steps is -1,
+and so is an F1 whose precision and recall sum to 0);
 PRMScore = 0.5 * F1 + 0.5 * negative F1, except ``multi_solutions`` (no wrong steps):
-its F1 alone; clipped at 0. The overall PRMScore comes from the pooled counts, not from
+its F1 alone; clipped at 0. The ``correct`` row (originals, no wrong steps either) is not
+in the evaluator's tables; here its PRMScore is its F1 alone, like ``multi_solutions``, so a
+perfect model scores 1 there (the two-class formula would give it 0.5 * 1 + 0.5 * -1 = 0).
+A record repeated with the same ``classification`` and ``idx`` is read once, as the
+evaluator keys its items by them. The overall PRMScore comes from the pooled counts, not from
 the mean of the categories; a group's score (simplicity, soundness, sensitivity) is the
 unweighted mean of its categories' PRMScores.
 
@@ -70,7 +75,7 @@ def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
     from ..data.records import read_objects, short_repr
     from ..data.sources import iter_splits
 
-    items, originals = [], set()
+    items, originals, seen = [], set(), set()
     for split, rows in iter_splits(spec, flag):
         name = f"{spec}:{split}" if split else str(spec)
         what = "a PRMBench item (idx, classification, modified_question, modified_process, error_steps)"
@@ -99,6 +104,9 @@ def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
                     raise BetaPRMInputError(f"{where}: field {key!r} must be a non-empty string, got {short_repr(q)}")
                 return q
 
+            if f"{cat}_{idx}" in seen:
+                continue  # the evaluator keys items by classification and idx: the first one counts
+            seen.add(f"{cat}_{idx}")
             steps = steps_of("modified_process")
             errs = r.get("error_steps", [])
             if (
@@ -113,8 +121,8 @@ def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
             items.append(
                 PRMBenchItem(f"{cat}_{idx}", question_of("modified_question"), steps, {e - 1 for e in errs}, cat)
             )
-            if cat == "redundency" and idx not in originals:
-                originals.add(idx)
+            if cat == "redundency" and str(idx) not in originals:
+                originals.add(str(idx))
                 items.append(
                     PRMBenchItem(
                         f"{CORRECT}_{idx}",
@@ -153,12 +161,13 @@ def f1_pair(c: np.ndarray) -> tuple[float, float]:
         r = hit / (hit + false_neg) if hit + false_neg else -1
         return 2 * p * r / (p + r) if p + r != 0 else -1
 
-    return float(f1(tp, fp, fn)), float(f1(tn, fn, fp))
+    # + 0.0 turns the formula's -0.0 (a 0 precision times a -1 recall) into 0.0
+    return float(f1(tp, fp, fn)) + 0.0, float(f1(tn, fn, fp)) + 0.0
 
 
 def prm_score(c: np.ndarray, category: str | None) -> float:
     f_pos, f_neg = f1_pair(c)
-    s = f_pos if category == "multi_solutions" else 0.5 * f_pos + 0.5 * f_neg
+    s = f_pos if category in ("multi_solutions", CORRECT) else 0.5 * f_pos + 0.5 * f_neg
     return max(s, 0.0)
 
 

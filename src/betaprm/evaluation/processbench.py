@@ -14,7 +14,8 @@ here for any threshold: score > threshold is correct, anything else is flagged.
 
 Per subset: accuracy on the erroneous items (first error located exactly), accuracy on the
 correct items (no step flagged), and their harmonic mean, F1; the average is the plain
-mean of the subsets' F1 (as the official script prints it), all in percent.
+mean of the subsets' F1 (as the official script prints it), all in percent. Where both
+accuracies are 0 the official script's F1 is nan (0/0); here it is 0.
 
 A trace cut to the model's positions (``--truncate steps``) has scores for its first steps
 only. If one of them is flagged the prediction is known; if none is and steps are left
@@ -142,25 +143,44 @@ def _match_intervals(items, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def choose_threshold(items: Sequence[PBItem], scores: Sequence[np.ndarray]) -> tuple[float, float]:
-    """The threshold with the highest F1 (harmonic mean of error and correct accuracy over
-    all ``items``) and that F1 in percent; ties go to the lowest threshold. Exact: every
-    item is right on one interval of thresholds, so only the interval ends need trying."""
+    """The threshold with the highest average F1 (the reported metric: the mean over
+    subsets of the harmonic mean of error and correct accuracy) on ``items``, and that F1 in
+    percent; ties go to the lowest threshold. Exact: every item is right on one interval of
+    thresholds, so only the interval ends need trying. Every subset needs items of both
+    kinds (otherwise its F1 is 0 whatever the threshold)."""
     lo, hi, err = _match_intervals(items, scores)
+    subsets = np.array([it.subset for it in items])
+    for sub in sorted(set(subsets.tolist())):
+        m = subsets == sub
+        if err[m].all() or not err[m].any():
+            kind = "erroneous" if err[m].all() else "correct"
+            raise BetaPRMInputError(
+                f"the validation part of subset {sub!r} holds only {kind} items, "
+                "so no threshold can be chosen on it; give more problems, change --val-fraction / --seed, or fix "
+                "--threshold"
+            )
     ok = lo < hi
     cands = np.unique(np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)], [-np.inf]]))
-    # right(t) = #{lo <= t} - #{hi <= t} over non-empty intervals, per class.
-    best = (-1.0, cands[0])
-    n_err, n_cor = max(int(err.sum()), 1), max(int((~err).sum()), 1)
-    e_lo, e_hi = np.sort(lo[ok & err]), np.sort(hi[ok & err])
-    c_lo, c_hi = np.sort(lo[ok & ~err]), np.sort(hi[ok & ~err])
-    right_e = np.searchsorted(e_lo, cands, "right") - np.searchsorted(e_hi, cands, "right")
-    right_c = np.searchsorted(c_lo, cands, "right") - np.searchsorted(c_hi, cands, "right")
-    a1, a2 = 100 * right_e / n_err, 100 * right_c / n_cor
-    with np.errstate(invalid="ignore", divide="ignore"):
-        f1 = np.where(a1 + a2 > 0, 2 * a1 * a2 / (a1 + a2), 0.0)
+    f1s = []
+    for sub in sorted(set(subsets.tolist())):
+        m = subsets == sub
+        # right(t) = #{lo <= t} - #{hi <= t} over non-empty intervals, per class.
+        acc = []
+        for cls in (True, False):
+            sel = m & ok & (err == cls)
+            right = np.searchsorted(np.sort(lo[sel]), cands, "right") - np.searchsorted(
+                np.sort(hi[sel]), cands, "right"
+            )
+            acc.append(100 * right / int((m & (err == cls)).sum()))
+        a1, a2 = acc
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f1s.append(np.where(a1 + a2 > 0, 2 * a1 * a2 / (a1 + a2), 0.0))
+    f1 = np.mean(f1s, axis=0)
     i = int(np.argmax(f1))  # the first maximum: the lowest threshold
-    best = (float(f1[i]), float(cands[i]))
-    return best[1], best[0]
+    tau = float(cands[i])
+    if not np.isfinite(tau):  # nothing flagged is best: any threshold below every score
+        tau = float(np.min(np.concatenate([np.asarray(s, dtype=np.float64) for s in scores]))) - 1.0
+    return tau, float(f1[i])
 
 
 def evaluate_processbench(
@@ -182,7 +202,7 @@ def evaluate_processbench(
                 "change --val-fraction"
             )
         threshold, val_f1 = choose_threshold([items[i] for i in val], [step_scores[i] for i in val])
-        res.update(threshold_chosen_on="validation", n_val_items=len(val), val_f1=val_f1)
+        res.update(threshold_chosen_on="validation", n_val_items=len(val), val_average_f1=val_f1)
     threshold = float(threshold)
     preds = {i: predicted_first_error(step_scores[i], len(items[i].steps), threshold) for i in idx}
     subsets = sorted({items[i].subset for i in idx}, key=lambda s: (SUBSET_ORDER + (s,)).index(s))
