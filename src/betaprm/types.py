@@ -22,7 +22,8 @@ class StepScores:
         self.mu = np.asarray(self.mu, dtype=np.float64)
         self.kappa = np.asarray(self.kappa, dtype=np.float64)
         if self.sigma is None:
-            self.sigma = np.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
+            # clipped: a mean summed in floating point (the Bayes belief's) can pass 1 by an ulp
+            self.sigma = np.sqrt(np.clip(self.mu * (1.0 - self.mu), 0.0, None) / (self.kappa + 1.0))
         self.sigma = np.asarray(self.sigma, dtype=np.float64)
         if not (self.mu.shape == self.kappa.shape == self.sigma.shape) or self.mu.ndim != 1:
             raise ValueError(
