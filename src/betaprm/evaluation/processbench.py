@@ -205,7 +205,13 @@ def evaluate_processbench(
         res.update(threshold_chosen_on="validation", n_val_items=len(val), val_average_f1=val_f1)
     threshold = float(threshold)
     preds = {i: predicted_first_error(step_scores[i], len(items[i].steps), threshold) for i in idx}
-    subsets = sorted({items[i].subset for i in idx}, key=lambda s: (SUBSET_ORDER + (s,)).index(s))
+    # ProcessBench's subsets in the paper's order, any others in order of first appearance
+    first = {}
+    for i in idx:
+        first.setdefault(items[i].subset, len(first))
+    subsets = sorted(
+        first, key=lambda s: (SUBSET_ORDER.index(s) if s in SUBSET_ORDER else len(SUBSET_ORDER), first[s])
+    )
     per = {}
     for sub in subsets:
         mine = [i for i in idx if items[i].subset == sub]
