@@ -49,7 +49,15 @@ def test_visualprm_raw_keeps_counts(tmp_path):
             "source": "visualprm_raw",
         },
     ]
-    assert stats == {"read": 3, "written": 2, "rejected": 1, "steps": 4, "hard_labels": False, "soft": False}
+    assert stats == {
+        "read": 3,
+        "written": 2,
+        "rejected": 1,
+        "steps": 4,
+        "hard_labels": False,
+        "soft": False,
+        "er_values_as_rates": False,
+    }
     assert rej[0]["line"] == 3 and "steps_with_score[0].num_mc_correct" in rej[0]["reasons"][0]
 
 
