@@ -118,7 +118,10 @@ def test_demo_quick_end_to_end(tmp_path):
             "--data",
             str(tmp_path / "d" / "held_out_counts.jsonl"),
         ]
-        assert main([*args, "--out", str(out)]) == 0
+        plots = tmp_path / f"plots_{name}"
+        assert main([*args, "--out", str(out), "--plots", str(plots)]) == 0
+        pngs = {"reliability.png", "sigma_error.png"} if name == "betaprm" else {"reliability.png"}
+        assert {p.name for p in plots.iterdir()} == pngs and all((plots / p).stat().st_size > 0 for p in pngs)
         got, want = json.loads(out.read_text()), r["held_out_counts"][name]
         assert (
             got["n_steps"]
