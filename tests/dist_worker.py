@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from betaprm.data import dataset
-from betaprm.train import TrainConfig, train
+from betaprm.train import TrainConfig, end_process_group, train
 
 
 def main():
@@ -52,6 +52,7 @@ def main():
         "seen": seen,
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(info))
+    end_process_group()  # as `betaprm train` does: no teardown race at exit
 
 
 if __name__ == "__main__":

@@ -959,6 +959,18 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     return prm, trainer, dataset.stats
 
 
+def end_process_group() -> None:
+    """Close the process group a multi-process run opened (torchrun, accelerate launch), all
+    ranks together. Left to interpreter exit, gloo's threads can be torn down while still
+    joinable and abort a process that has finished its work (SIGABRT, "terminate called
+    without an active exception"), which the launcher reports as a failed run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 HUB_IGNORE = ["checkpoint-*", "runs/*", "rejects.jsonl", "*.lock"]
 """What --push-to-hub leaves out of --output-dir: resumable checkpoints, logs, rejects."""
 

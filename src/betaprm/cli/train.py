@@ -23,7 +23,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    from ..train import TrainConfig, train
+    from ..train import TrainConfig, end_process_group, train
 
     train(config_from_args(TrainConfig, args))
+    end_process_group()
     return 0
