@@ -80,6 +80,10 @@ def test_parquet_and_saved_folders_give_the_jsonl_records(tmp_path):
     for spec in ("c.parquet", "saved", "dict:train", "files"):
         assert _as_dicts(read_records(tmp_path / spec if ":" not in spec else f"{tmp_path}/{spec}")) == want, spec
     assert [r.id for r in read_records(f"{tmp_path}/dict:test").records] == ["r0", "r1"]
+    # a .json file: a JSON list, or JSON lines under that name
+    (tmp_path / "list.json").write_text(json.dumps(rows))
+    (tmp_path / "lines.json").write_text((tmp_path / "c.jsonl").read_text())
+    assert _as_dicts(read_records(tmp_path / "list.json")) == want == _as_dicts(read_records(tmp_path / "lines.json"))
     with pytest.raises(BetaPRMInputError, match=r"has 2 splits \(train, test\); name one as .*dict:train"):
         read_records(tmp_path / "dict")
     with pytest.raises(BetaPRMInputError, match=r"no split 'dev'; it has train, test"):

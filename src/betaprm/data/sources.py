@@ -57,6 +57,12 @@ def _parquet_rows(path: Path, flag: str | None) -> Iterator[Row]:
 
 
 def _json_rows(path: Path, flag: str | None) -> Iterator[Row]:
+    """A ``.json`` file holding a JSON list; one that starts with anything but ``[`` is read
+    as JSON lines (many JSONL files are named .json)."""
+    with open_input(path, flag) as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head.startswith(b"["):
+        return iter_jsonl(path, flag)
     data = load_json_file(path, flag, "a JSON list of records")
     if not isinstance(data, list):
         raise BetaPRMInputError(
