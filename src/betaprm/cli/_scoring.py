@@ -59,3 +59,30 @@ class ScoringOptions(BatchOptions):
                 truncate=self.truncate,
                 names=names,
             )
+
+
+# Options that do not change an evaluation's results (paths, batching, device): left out of
+# the settings recorded in its --out JSON. The model and the data enter as fingerprints.
+EVALUATION_NOT_RESULTS = {
+    "model",
+    "data",
+    "out",
+    "plots",
+    "device",
+    "batch_size",
+    "max_batch_tokens",
+    "trust_remote_code",
+}
+
+
+def write_evaluation(cfg, res: dict) -> None:
+    """``res`` to ``cfg.out`` (JSON) with the settings that made it: the model's and the
+    data's fingerprints and every option that changes the numbers."""
+    from ..provenance import fingerprint, model_fingerprint, settings_of, write_result
+
+    settings = {
+        "model": model_fingerprint(cfg.model),
+        "data": fingerprint(cfg.data),
+        **settings_of(cfg, EVALUATION_NOT_RESULTS),
+    }
+    write_result(cfg.out, res, settings, {"model": cfg.model, "data": cfg.data})

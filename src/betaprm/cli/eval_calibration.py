@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import opt as _f
-from ._scoring import ScoringOptions
+from ._scoring import ScoringOptions, write_evaluation
 
 HELP = "does the PRM's belief predict held-out Monte Carlo counts? (NLL, ECE, Brier, interval coverage, plots)"
 DESCRIPTION = """Calibration on held-out count records (K of N per step, the training format).
@@ -17,8 +17,6 @@ file); ECE and Brier of mu against K/N; coverage and width of the 50% and 90% pr
 intervals of K; Spearman of sigma with |mu - K/N|. --plots writes a reliability diagram
 and sigma against error. --data takes JSONL, .json, parquet, a save_to_disk folder or a
 hub name (NAME[:SPLIT]). The records must not have been trained on."""
-
-NOT_RESULTS = {"model", "data", "out", "plots", "device", "batch_size", "max_batch_tokens", "trust_remote_code"}
 
 
 @dataclass
@@ -55,7 +53,6 @@ def run(args):
     from ..errors import BetaPRMInputError
     from ..evaluation.calibration import evaluate_counts, flat_counts, table
     from ..model import load_prm
-    from ..provenance import fingerprint, model_fingerprint, settings_of
     from ._config import config_from_args
 
     cfg = config_from_args(EvalCalibrationConfig, args)
@@ -78,14 +75,7 @@ def run(args):
     if all(r.mc_total == [1] * len(r.steps) for r in records):
         print("every step has N = 1 (hard labels): the NLLs compare Bernoulli likelihoods; kappa is not tested")
     if cfg.out:
-        from ..provenance import write_result
-
-        settings = {
-            "model": model_fingerprint(cfg.model),
-            "data": fingerprint(cfg.data),
-            **settings_of(cfg, NOT_RESULTS),
-        }
-        write_result(cfg.out, res, settings, {"model": cfg.model, "data": cfg.data})
+        write_evaluation(cfg, res)
     if cfg.plots:
         from ..evaluation import plots
 

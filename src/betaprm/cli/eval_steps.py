@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import opt as _f
-from ._scoring import ScoringOptions
+from ._scoring import ScoringOptions, write_evaluation
 
 HELP = "step-level error detection: VisualProcessBench, ProcessBench, PRMBench (F1, in each benchmark's own layout)"
 DESCRIPTION = """Step-level error detection on three benchmarks' formats (--format, detected by default).
@@ -94,17 +94,6 @@ def add_arguments(parser):
     add_config_args(parser, EvalStepsConfig)
 
 
-# Options that do not change the results (paths, batching, device): left out of the
-# settings recorded in --out. The model and the data enter as fingerprints of their contents.
-NOT_RESULTS = {"model", "data", "out", "plots", "device", "batch_size", "max_batch_tokens", "trust_remote_code"}
-
-
-def result_settings(cfg) -> dict:
-    from ..provenance import fingerprint, model_fingerprint, settings_of
-
-    return {"model": model_fingerprint(cfg.model), "data": fingerprint(cfg.data), **settings_of(cfg, NOT_RESULTS)}
-
-
 def detect_format(spec) -> str:
     """The benchmark format from the first record's fields."""
     from ..data.sources import iter_splits
@@ -181,9 +170,7 @@ def run(args):
         res = _prmbench(items, step_scores, threshold)
     res.update(model=cfg.model, model_kind=kind, score=score_name, data=cfg.data, format=fmt)
     if cfg.out:
-        from ..provenance import write_result
-
-        write_result(cfg.out, res, result_settings(cfg), {"model": cfg.model, "data": cfg.data})
+        write_evaluation(cfg, res)
     if cfg.plots:
         _plots(cfg, fmt, items, scores, step_scores, res)
     return 0
