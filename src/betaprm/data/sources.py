@@ -43,7 +43,8 @@ def _parquet_rows(path: Path, flag: str | None) -> Iterator[Row]:
         import pyarrow.parquet as pq
     except ImportError:
         raise BetaPRMInputError(
-            f"{path}: reading parquet needs pyarrow (`pip install pyarrow`), or convert it to JSONL first"
+            f"{path}: reading parquet needs pyarrow (`pip install pyarrow`, or the `[datasets]` extra), or convert "
+            "it to JSONL first"
         ) from None
     open_input(path, flag).close()
     try:
@@ -89,7 +90,8 @@ def _open_dataset(name: str, flag: str | None):
         import datasets
     except ImportError:
         raise BetaPRMInputError(
-            f"{flag + ' ' if flag else ''}{name}: reading a datasets folder or hub name needs `pip install datasets`"
+            f"{flag + ' ' if flag else ''}{name}: reading a datasets folder or hub name needs `pip install datasets` "
+            "(the `[datasets]` extra)"
         ) from None
     p = Path(name)
     if p.is_dir() and is_saved_dataset(p):
