@@ -7,7 +7,10 @@
 #   bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE] [SET]
 #
 # SET "first" (the default) compares budgets and data mixes; "deep" checks the 8 x 96 recipe
-# that came out of it (another seed, BetaPRM, batch 128, the world's own error mix).
+# that came out of it (another seed, BetaPRM, batch 128, the world's own error mix);
+# "budget" keeps the default recipe's budget (48,000 traces seen) and changes how it is spent:
+# learning rate, schedule, batch size (13 runs, one thread each; with BB=DIR the seeds' runs
+# reuse the backbones DIR/seed0 and DIR/seed2 of `betaprm demo` runs instead of pretraining).
 # Writes OUT/NAME/probe.json and OUT/NAME.log per run, then OUT/summary.txt.
 set -u
 out=${1:?usage: bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE] [first|deep]}
@@ -17,13 +20,30 @@ set_=${4:-first}
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}src" PYTHONUNBUFFERED=1
 
+threads=2 every=550
 run() {
     local name=$1; shift
-    timeout "$limit" python benchmarks/step_check_probe.py --out "$out/$name" --device "$device" --threads 2 --eval-every 550 "$@" > "$out/$name.log" 2>&1 &
+    timeout "$limit" python benchmarks/step_check_probe.py --out "$out/$name" --device "$device" --threads $threads --eval-every $every "$@" > "$out/$name.log" 2>&1 &
 }
 
 deep="--train-near-miss 0.3 --n-train-problems 12000 --num-layers 8 --hidden-size 96"
-if [ "$set_" = deep ]; then
+if [ "$set_" = budget ]; then
+threads=1
+for seed in 0 2; do
+    bb=${BB:+--backbone $BB/seed$seed}
+    every=500
+    run base_s$seed              --seed $seed $bb
+    run lr3e3_s$seed             --seed $seed $bb --prm-lr 3e-3
+    run lr3e3_const_s$seed       --seed $seed $bb --prm-lr 3e-3 --prm-schedule constant_with_warmup
+    every=1000
+    run b16_s$seed               --seed $seed $bb --prm-batch 16 --prm-steps 3000
+    run b16_lr2e3_s$seed         --seed $seed $bb --prm-batch 16 --prm-steps 3000 --prm-lr 2e-3
+done
+every=500 bb=${BB:+--backbone $BB/seed0}
+run beta_s0        --seed 0 $bb --objective beta-binomial
+run beta_lr3e3_s0  --seed 0 $bb --objective beta-binomial --prm-lr 3e-3
+run lr6e3_s0       --seed 0 $bb --prm-lr 6e-3
+elif [ "$set_" = deep ]; then
 run deep_seed1      $deep --prm-steps 6600 --seed 1
 run deep_beta       $deep --prm-steps 6600 --objective beta-binomial
 run deep_b128_s2200 $deep --prm-steps 2200 --prm-batch 128

@@ -561,3 +561,35 @@ def test_push_to_hub_uploads_the_final_betaprm(lm_dir, counts, tmp_path, monkeyp
         assert torch.equal(v, pushed.state_dict()[k]), k
     with pytest.raises(Exception, match="--push-to-hub must be NAME or OWNER/NAME"):
         cfg(lm_dir, counts, out, push_to_hub="a/b/c")
+
+
+def test_freeze_layers_trains_only_what_is_above_them(tmp_path, lm_dir, counts):
+    from betaprm.train import run_record
+
+    before = BetaPRM.from_backbone(str(lm_dir)).state_dict()
+    layers = len(BetaPRM.from_backbone(str(lm_dir)).backbone.model.layers)
+    assert layers == 2
+    train(cfg(lm_dir, counts, tmp_path / "frozen", freeze_layers=1, objective="beta-binomial", max_steps=4))
+    after = BetaPRM.from_pretrained(tmp_path / "frozen").state_dict()
+    frozen = [k for k in before if "embed_tokens" in k or ".layers.0." in k]
+    above = [k for k in before if ".layers.1." in k and k.endswith("proj.weight")]
+    assert frozen and above
+    assert [k for k in frozen if not torch.equal(after[k], before[k])] == []
+    assert all(not torch.equal(after[k], before[k]) for k in above)
+    assert not torch.equal(after["kappa_head.weight"], before["kappa_head.weight"])
+    assert not torch.equal(after["backbone.lm_head.weight"], before["backbone.lm_head.weight"])
+    # Recorded in the run's settings (a resume must keep it), and only when on.
+    summary = json.loads((tmp_path / "frozen" / "train_summary.json").read_text())
+    assert summary["run"]["settings"]["freeze_layers"] == 1
+    assert "freeze_layers" not in run_record(cfg(lm_dir, counts, tmp_path / "x"))["settings"]
+
+
+def test_freeze_layers_refuses_what_it_cannot_do(tmp_path, lm_dir, counts):
+    from betaprm.errors import BetaPRMInputError
+
+    with pytest.raises(BetaPRMInputError, match="LoRA already freezes"):
+        cfg(lm_dir, counts, tmp_path / "a", freeze_layers=1, lora_r=4)
+    with pytest.raises(BetaPRMInputError, match="--freeze-layers must be >= 0"):
+        cfg(lm_dir, counts, tmp_path / "a", freeze_layers=-1)
+    with pytest.raises(BetaPRMInputError, match="the backbone has 2 decoder layers; freeze at most 2"):
+        train(cfg(lm_dir, counts, tmp_path / "b", freeze_layers=3))

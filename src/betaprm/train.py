@@ -84,6 +84,12 @@ class TrainConfig:
     truncation: str = _f(
         "keep-steps", "keep-steps: cut long traces after the last whole step that fits; reject: leave them out"
     )
+    freeze_layers: int = _f(
+        0,
+        "freeze the input embeddings and the bottom N decoder layers: no backward pass runs through them, so a step "
+        "costs less (about N/L of the backward); the layers above, the output head and the kappa head train. The "
+        "marker's embedding stays as the backbone has it (a new marker keeps the mean-of-embeddings start)",
+    )
     lora_r: int = _f(0, "LoRA rank (0: full fine-tuning)")
     lora_alpha: int = _f(32, "LoRA alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
@@ -165,6 +171,10 @@ class TrainConfig:
             problems.append(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.on_error not in ("fail", "skip"):
             problems.append(f"--on-error must be fail or skip, got {self.on_error!r}")
+        if self.freeze_layers < 0:
+            problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
+        if self.freeze_layers and self.lora_r > 0:
+            problems.append("--freeze-layers with --lora-r: LoRA already freezes the backbone's weights; choose one")
         if self.max_tokens_per_batch < 0:
             problems.append(f"--max-tokens-per-batch must be >= 0 (0: off), got {self.max_tokens_per_batch}")
         for name in ("global_batch_size", "per_device_batch_size", "logging_steps", "save_steps"):
@@ -573,6 +583,31 @@ def load_or_create(cfg: TrainConfig):
         ) from None
 
 
+def freeze_bottom(prm, n: int) -> int:
+    """Freeze the input embeddings and the bottom ``n`` decoder layers of ``prm``'s
+    backbone (``--freeze-layers``); returns the number of decoder layers. With nothing
+    below them left to train, autograd runs no backward pass through the frozen layers.
+    A backbone whose output head is tied to its input embeddings keeps that head frozen
+    too (the reward words' rows included): the layers above learn to read it."""
+    dec = prm._decoder()
+    layers = getattr(dec, "layers", None)
+    if layers is None:
+        layers = getattr(getattr(dec, "language_model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise BetaPRMInputError(
+            f"--freeze-layers: cannot find the decoder layers of {type(prm.backbone).__name__} (no .layers list); "
+            "train without it, or with --lora-r"
+        )
+    if n > len(layers):
+        raise BetaPRMInputError(
+            f"--freeze-layers {n}: the backbone has {len(layers)} decoder layers; freeze at most {len(layers)}"
+        )
+    prm.backbone.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:n]:
+        layer.requires_grad_(False)
+    return len(layers)
+
+
 def apply_lora(prm, cfg: TrainConfig) -> None:
     """Wrap the backbone with LoRA adapters; the kappa head and the marker's embedding
     row stay trainable (peft's trainable_token_indices trains that one row only)."""
@@ -677,8 +712,9 @@ def run_record(cfg: TrainConfig) -> dict:
     from .provenance import fingerprint, settings_of
 
     settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
-    if not cfg.max_tokens_per_batch:  # recorded only when on: older checkpoints, without it, still resume
-        del settings["max_tokens_per_batch"]
+    for name in ("max_tokens_per_batch", "freeze_layers"):  # recorded only when on: older checkpoints still resume
+        if not getattr(cfg, name):
+            del settings[name]
     return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
 
 
@@ -848,6 +884,9 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         # The standard PRM has no reliability channel: keep kappa at its initial value
         # (and out of the graph, so DDP sees no unused trainable parameters).
         prm.kappa_head.requires_grad_(False)
+    if cfg.freeze_layers:
+        n_layers = freeze_bottom(prm, cfg.freeze_layers)
+        say(f"frozen: the input embeddings and decoder layers 1-{cfg.freeze_layers} of {n_layers}")
     if cfg.lora_r > 0:
         if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" or os.environ.get("ACCELERATE_USE_FSDP") == "true":
             raise BetaPRMInputError(

@@ -48,7 +48,17 @@ class DemoConfig:
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
+    prm_freeze_layers: int = _f(
+        0,
+        "PRM training: freeze the backbone's embeddings and bottom N layers (betaprm train --freeze-layers): "
+        "cheaper steps",
+    )
     prm_lr: float = _f(1e-3, "PRM learning rate")
+    prm_schedule: str = _f(
+        "cosine",
+        "PRM learning-rate schedule after the warm-up (a transformers scheduler name: cosine, constant_with_warmup, "
+        "linear)",
+    )
     head_lr_multiplier: float = _f(
         1.0,
         "kappa head learning rate / prm_lr (the paper uses 10x at lr 1e-5 on 8B models; at lr 1e-3 on this tiny "
