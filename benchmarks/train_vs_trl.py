@@ -15,6 +15,8 @@ CPU. The runs, each in its own process, one at a time, alternating over ``--roun
 - ``beta-binomial``: ``betaprm train`` with the BetaPRM objective on the same traces;
 - ``+pad``: the same with ``--no-packing`` (right-padded batches, as TRL's);
 - ``+group``: the same with ``--group-by-length`` (batches of similar length in random order).
+- ``+freezeN`` (not run unless named in ``--runs``): the same with ``--freeze-layers N`` (the
+  embeddings and the bottom N of the 6 layers frozen), e.g. ``--runs hard-ce,hard-ce+freeze3``.
 
 Each run times ``--steps`` optimiser steps after ``--warmup`` steps (a callback at the end of
 each step); the defaults time one whole epoch after one untimed epoch, so that every run's
@@ -163,6 +165,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: 
             precision=precision,
             group_by_length=run.endswith("+group"),
             packing=not run.endswith("+pad"),
+            freeze_layers=int(run.split("+freeze")[1]) if "+freeze" in run else 0,
             max_length=4096,
             seed=0,
         )
