@@ -10,7 +10,9 @@
 # that came out of it (another seed, BetaPRM, batch 128, the world's own error mix);
 # "budget" keeps the default recipe's budget (48,000 traces seen) and changes how it is spent:
 # learning rate, schedule, batch size (13 runs, one thread each; with BB=DIR the seeds' runs
-# reuse the backbones DIR/seed0 and DIR/seed2 of `betaprm demo` runs instead of pretraining).
+# reuse the backbones DIR/seedS of `betaprm demo` runs instead of pretraining); "freeze" runs
+# the default recipe (its 1,500-step schedule, as on a CPU) with 0, 2 and 4 frozen layers on
+# seeds 1 and 2 (6 runs).
 # Writes OUT/NAME/probe.json and OUT/NAME.log per run, then OUT/summary.txt.
 set -u
 out=${1:?usage: bash benchmarks/probe_sweep.sh OUT [SECONDS_PER_RUN] [DEVICE] [first|deep]}
@@ -43,6 +45,14 @@ every=500 bb=${BB:+--backbone $BB/seed0}
 run beta_s0        --seed 0 $bb --objective beta-binomial
 run beta_lr3e3_s0  --seed 0 $bb --objective beta-binomial --prm-lr 3e-3
 run lr6e3_s0       --seed 0 $bb --prm-lr 6e-3
+elif [ "$set_" = freeze ]; then
+threads=1 every=500
+for seed in 1 2; do
+    bb=${BB:+--backbone $BB/seed$seed}
+    for n in 0 2 4; do
+        run freeze${n}_s$seed --seed $seed $bb --prm-steps 1500 --prm-freeze-layers $n
+    done
+done
 elif [ "$set_" = deep ]; then
 run deep_seed1      $deep --prm-steps 6600 --seed 1
 run deep_beta       $deep --prm-steps 6600 --objective beta-binomial
