@@ -593,3 +593,30 @@ def test_freeze_layers_refuses_what_it_cannot_do(tmp_path, lm_dir, counts):
         cfg(lm_dir, counts, tmp_path / "a", freeze_layers=-1)
     with pytest.raises(BetaPRMInputError, match="the backbone has 2 decoder layers; freeze at most 2"):
         train(cfg(lm_dir, counts, tmp_path / "b", freeze_layers=3))
+
+
+def test_step_weights_data_divides_every_step_by_the_datas_mean_count(tmp_path, lm_dir, counts):
+    """--step-weights data: each optimiser step's summed losses over a fixed count (the data's
+    mean scored steps and LM tokens per trace x the step's traces), so every scored step weighs
+    the same whatever its batch; still independent of how a step is cut into micro-batches."""
+    kw = dict(aux_lm_weight=0.3, save_steps=100, objective="beta-binomial", step_weights="data")
+    a, ta, _ = train(cfg(lm_dir, counts, tmp_path / "a", per_device_batch_size=4, **kw))
+    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "b", per_device_batch_size=8, **kw))
+    pa, pb = params(a), params(b)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-5, msg=k)
+    records = [json.loads(line) for line in Path(counts).read_text().splitlines()]
+    steps = sum(len(r["steps"]) for r in records) / len(records)
+    marker = a.config.marker_id
+    tokens = sum(sum(1 for t in e["input_ids"][1:] if t != marker) for e in ta.train_dataset.examples) / len(records)
+    assert ta.fixed_counts == pytest.approx((8 * steps, 8 * tokens))
+    # A step's batch returns the fixed count, not its own.
+    batches = [ta.data_collator([ta.train_dataset[i] for i in range(j, j + 4)]) for j in (0, 4)]
+    _, n = ta.get_batch_samples(iter(batches), 2, "cpu")
+    assert n == pytest.approx(8 * steps) and ta._step_lm_tokens == pytest.approx(8 * tokens)
+    c, _, _ = train(cfg(lm_dir, counts, tmp_path / "c", per_device_batch_size=8, **{**kw, "step_weights": "batch"}))
+    assert any(not torch.equal(v, params(c)[k]) for k, v in pb.items())  # the weighting is in effect
+    summary = json.loads((tmp_path / "a" / "train_summary.json").read_text())
+    assert summary["run"]["settings"]["step_weights"] == "data"
+    with pytest.raises(Exception, match="--step-weights must be batch or data"):
+        cfg(lm_dir, counts, tmp_path / "d", step_weights="tokens")

@@ -146,6 +146,13 @@ class TrainConfig:
         "draw each batch from traces of similar length, the batches in random order: less padding, faster steps "
         "(text PRMs; vision-language data keeps random batches)",
     )
+    step_weights: str = _f(
+        "batch",
+        "how an optimiser step's loss weighs its scored steps: batch (the mean over the step's own scored steps) or "
+        "data (their sum over a fixed count, the data's mean scored steps per trace times the step's traces: every "
+        "scored step weighs the same whatever its batch, as in random batches; for --group-by-length and "
+        "--max-tokens-per-batch, whose batches hold unequal step counts). The auxiliary LM loss likewise per token",
+    )
     packing: bool = _f(
         True,
         "lay each batch's traces out without padding (first-fit into rows, position ids per trace, a block-diagonal "
@@ -171,6 +178,8 @@ class TrainConfig:
             problems.append(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.on_error not in ("fail", "skip"):
             problems.append(f"--on-error must be fail or skip, got {self.on_error!r}")
+        if self.step_weights not in ("batch", "data"):
+            problems.append(f"--step-weights must be batch or data, got {self.step_weights!r}")
         if self.freeze_layers < 0:
             problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
         if self.freeze_layers and self.lora_r > 0:
@@ -260,9 +269,13 @@ def _trainer_class():
             group_by_length: bool = False,
             packing: bool = False,
             token_batches=None,
+            fixed_counts: tuple[float, float] | None = None,
             **kwargs,
         ):
             super().__init__(*args, **kwargs)
+            # --step-weights data: (scored steps, LM tokens) that divide every optimiser
+            # step's summed losses on this device, instead of the step's own counts.
+            self.fixed_counts = fixed_counts
             self.token_batches = token_batches  # data/dataset.TokenBudgetBatchSampler, or None
             self.aux_lm_weight = aux_lm_weight
             self.objective = objective
@@ -311,6 +324,9 @@ def _trainer_class():
 
         def get_batch_samples(self, epoch_iterator, num_batches, device):
             batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+            if self.fixed_counts is not None:
+                self._step_lm_tokens = self.fixed_counts[1]
+                return batches, self.fixed_counts[0]
             # This device's scored steps in the optimiser step, and the auxiliary loss's tokens
             # (not gathered: DDP averages the devices' means).
             if self.aux_lm_weight > 0:
@@ -648,6 +664,14 @@ def _grad_accum(cfg: TrainConfig, world: int) -> int:
     return cfg.global_batch_size // per_step
 
 
+def _fixed_counts(dataset, marker_id: int, traces: float) -> tuple[float, float]:
+    """``--step-weights data``: the scored steps and auxiliary-LM tokens (next tokens that
+    are not markers) of ``traces`` average traces of ``dataset``."""
+    steps = sum(len(e["mc_total"]) for e in dataset.examples) / len(dataset)
+    tokens = sum(sum(1 for t in e["input_ids"][1:] if t != marker_id) for e in dataset.examples) / len(dataset)
+    return steps * traces, tokens * traces
+
+
 def _token_batches(cfg: TrainConfig, dataset, packing: bool, world: int, say):
     """The token-budget batches (``--max-tokens-per-batch``) and the accumulation steps
     that reach ``--global-batch-size`` traces per optimiser step on average."""
@@ -712,8 +736,9 @@ def run_record(cfg: TrainConfig) -> dict:
     from .provenance import fingerprint, settings_of
 
     settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
-    for name in ("max_tokens_per_batch", "freeze_layers"):  # recorded only when on: older checkpoints still resume
-        if not getattr(cfg, name):
+    # Recorded only when not the default: older checkpoints, without them, still resume.
+    for name, default in (("max_tokens_per_batch", 0), ("freeze_layers", 0), ("step_weights", "batch")):
+        if getattr(cfg, name) == default:
             del settings[name]
     return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
 
@@ -912,6 +937,16 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     token_batches = None
     if cfg.max_tokens_per_batch:
         token_batches, grad_accum = _token_batches(cfg, dataset, packing, world, say)
+    fixed_counts = None
+    if cfg.step_weights == "data":
+        if not hasattr(dataset, "examples"):
+            raise BetaPRMInputError("--step-weights data is for text PRMs; vision-language training keeps batch")
+        per_device = cfg.global_batch_size / world
+        fixed_counts = _fixed_counts(dataset, prm.config.marker_id, per_device)
+        say(
+            f"step weights: each optimiser step's losses summed over {fixed_counts[0]:.1f} scored steps and "
+            f"{fixed_counts[1]:.0f} tokens per device (the data's means per trace x {per_device:g} traces)"
+        )
     args = TrainingArguments(
         output_dir=str(out_dir),
         learning_rate=cfg.learning_rate,
@@ -950,6 +985,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         group_by_length=cfg.group_by_length,
         packing=packing,
         token_batches=token_batches,
+        fixed_counts=fixed_counts,
         aux_lm_weight=cfg.aux_lm_weight,
         callbacks=list(callbacks or []),
     )

@@ -82,6 +82,12 @@ class DemoConfig:
         "PRM training batches from traces of similar length (betaprm train --group-by-length): faster steps, less "
         "mixed batches",
     )
+    prm_step_weights: str = _f(
+        "batch",
+        "PRM training: batch (each optimiser step's loss the mean over its own scored steps) or data (over the data's "
+        "mean count: every step weighs the same, as in random batches, also when --group-by-length makes batches of "
+        "unequal step counts); betaprm train --step-weights",
+    )
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     device: str = _f(

@@ -163,6 +163,7 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
         head_lr_multiplier=eff.head_lr_multiplier,
         kappa_detach=eff.kappa_detach and objective == "beta-binomial",
         group_by_length=eff.group_by_length,
+        step_weights=eff.prm_step_weights,
         overwrite_output_dir=True,
     )  # the demo rewrites everything under --out
     prm, trainer, _ = train(tc, log=lambda *a: None, quiet=True, callbacks=callbacks)
