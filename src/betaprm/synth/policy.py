@@ -64,10 +64,10 @@ def mc_label(world: World, generator, trace: Trace, n: int) -> list[int]:
 
     p = trace.problem
     reqs = [GenerationRequest(p.question, trace.steps[: t + 1], n, p) for t in range(len(trace.steps))]
-    ks = []
+    ks, answer = [], p.answer  # computed once: it walks the whole chain
     for t, comps in enumerate(generator.generate(reqs)):
         full_last = [c.steps[-1] if c.steps else trace.steps[t] for c in comps]
-        ks.append(sum(parse_value(s) == p.answer for s in full_last))
+        ks.append(sum(parse_value(s) == answer for s in full_last))
     return ks
 
 

@@ -54,6 +54,7 @@ class DemoConfig:
         "cheaper steps; helped one seed of three in the probes of benchmarks/RESULTS.md",
     )
     prm_lr: float = _f(1e-3, "PRM learning rate")
+    prm_weight_decay: float = _f(0.05, "PRM AdamW weight decay (betaprm train --weight-decay)")
     prm_schedule: str = _f(
         "cosine",
         "PRM learning-rate schedule after the warm-up (a transformers scheduler name: cosine, constant_with_warmup, "

@@ -146,6 +146,7 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
         output_dir=str(out / name),
         objective=objective,
         learning_rate=eff.prm_lr,
+        weight_decay=eff.prm_weight_decay,
         lr_scheduler_type=eff.prm_schedule,
         freeze_layers=eff.prm_freeze_layers,
         global_batch_size=eff.prm_batch,
