@@ -226,3 +226,31 @@ def test_tokenizer_traces_are_the_first_training_traces():
         assert [(t.problem.question, t.steps) for t in got] == [
             (t.problem.question, t.steps) for t in data.train_traces[:n]
         ]
+
+
+def test_expand_backbone_benchmark_keeps_the_model_and_adds_trainable_layers(tmp_path, capsys):
+    """benchmarks/expand_backbone.py: the grown backbone computes what the original did (the
+    new layers' outputs start at zero) and its new layers get gradients once trained."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .helpers import make_lm_dir
+
+    spec = importlib.util.spec_from_file_location(
+        "expand_backbone", Path(__file__).parents[1] / "benchmarks" / "expand_backbone.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = make_lm_dir(tmp_path / "lm")
+    mod.main([str(src), str(tmp_path / "grown"), "--layers", "2"])
+    assert "4 layers; largest logit change from the original 0" in capsys.readouterr().out
+    a = AutoModelForCausalLM.from_pretrained(src).eval()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "grown")
+    x = torch.randint(0, a.config.vocab_size, (3, 12))
+    assert torch.equal(a(x).logits, b.eval()(x).logits)
+    b.train()
+    b(x, labels=x).loss.backward()
+    assert b.model.layers[3].self_attn.o_proj.weight.grad.abs().sum() > 0

@@ -1,19 +1,17 @@
 """The demo trains its two PRMs, and scores its pools with them, at the same time in two
 worker processes on CPU: the same PRMs and scores as one after the other in this process
-with the same thread count. Its ACA variants run the same way: the same records."""
+with the same thread count."""
 
 import json
 import shutil
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from betaprm.synth import World
-from betaprm.synth.experiment import aca_variants, demo_data, run_aca_variants
+from betaprm.synth.experiment import demo_data
 from betaprm.synth.recipe import DemoConfig
 from betaprm.synth.training import PRM_JOBS, build_backbone, train_prms
 
@@ -60,16 +58,6 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
             assert len(scores[name]) == len(to_score) == 32
             for a, b in zip(ref_scores, scores[name]):  # the worker's scores, in order
                 assert np.array_equal(a.mu, b.mu) and np.array_equal(a.kappa, b.kappa)
-        # ACA: each PRM's variants in a worker of its own (one thread) = all here, one thread.
-        tokenizer = AutoTokenizer.from_pretrained(par / "backbone")
-        problems = [p.problem for p in val_pools]
-        variants = aca_variants({"rb": SimpleNamespace(lam=0.5, tau=0.4)}, 3)
-        here = run_aca_variants(world, problems, variants, ref_models, tokenizer, 3)
-        saved = ({name: par / name for name, _ in PRM_JOBS}, par / "backbone")
-        workers = run_aca_variants(world, problems, variants, models, tokenizer, 3, saved)
-        assert list(workers) == list(variants) == list(here)
-        assert json.dumps(workers, sort_keys=True) == json.dumps(here, sort_keys=True)
-        assert all(len(recs) == 2 and recs[0]["candidates"] for recs in workers.values())
     finally:
         torch.set_num_threads(threads)
     assert "at the same time, 1 thread each" in lines[-1] and lines[-1].startswith("scored 64 candidates")

@@ -174,15 +174,9 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     aca = None
     if eff.aca:
         t0 = time.perf_counter()
-        # Each PRM's variants in a process of its own, as the PRMs trained (saved in OUT/NAME).
-        parallel = eff.parallel_prms and device == "cpu" and torch.get_num_threads() >= 2
-        saved = ({name: out / name for name in models}, out / "backbone") if parallel else None
-        aca = aca_table(world, test_pools, hits["betaprm_rb"], models, tuned, tokenizer, cfg.seed, saved)
+        aca = aca_table(world, test_pools, hits["betaprm_rb"], models, tuned, tokenizer, cfg.seed)
         results["aca"] = aca[0]
-        log(
-            f"ACA: 4 variants on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s"
-            f"{'; each PRM in its own process, 1 thread each' if parallel else ''})"
-        )
+        log(f"ACA: 4 variants on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
     results["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     demo_plots(out, histories, arrays, curves, eff.n_candidates, aca, held_out=counts_cal["betaprm"])

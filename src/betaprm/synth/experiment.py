@@ -142,107 +142,33 @@ def demo_data(world: World, recipe, seed: int) -> DemoData:
     return DemoData(train_traces, train_records, val_pools, test_pools, held_records)
 
 
-def aca_variants(tuned: dict, seed: int) -> dict:
-    """The ACA table's variants: name -> (the PRM that scores, ``ACAConfig``). BetaPRM's ACA
-    with S_RB as the final choice (the paper's main table, S_RB as tuned on validation); the
-    standard PRM's variants rank with S_lin of their own sigma (the paper's ablation)."""
-    from ..aca import ACAConfig
-
-    rb = dict(final="rb", final_lam=tuned["rb"].lam, final_tau=tuned["rb"].tau, seed=seed)
-    return {
-        "aca": ("betaprm", ACAConfig(**rb)),
-        "aca_no_early_stop": ("betaprm", ACAConfig(early_stop=False, **rb)),
-        "aca_reward_only": ("standard_prm", ACAConfig(uncertainty="none", final="lin", seed=seed)),
-        "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
-    }
-
-
-def aca_records(world: World, problems, prm, acfg, tokenizer, seed: int) -> list[dict]:
-    """One ACA variant on ``problems``: its per-problem records. Each variant samples from
-    its own policy of the same seed, so variants may run in any order or process."""
-    from ..aca import run_aca
+def aca_table(
+    world: World, test_pools: list[Pool], vanilla_hits: np.ndarray, models: dict, tuned: dict, tokenizer, seed: int
+) -> tuple[dict, dict]:
+    """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
+    pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
+    and its ablations, each with accuracy, CI and generated tokens. Returns the table and
+    the (tokens, accuracy) point of each variant for the plot."""
+    from ..aca import ACAConfig, run_aca, summarize
+    from ..evaluation.metrics import bootstrap_ci
     from ..scoring import PRMScorer
+    from ..selection import candidate_scores
+    from ..types import StepScores
     from .policy import synth_answer, synth_is_correct, synth_tasks
 
     def count(text):
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    policy = SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count)
-    return run_aca(
-        synth_tasks(problems), policy, PRMScorer(prm, 64), acfg, synth_answer, synth_is_correct, progress=False
-    )
-
-
-def _aca_job(world_cfg: dict, problems, prm_dir: str, tokenizer_dir: str, jobs: list, seed: int, threads: int):
-    """``aca_records`` of ``jobs`` ((name, ACAConfig) pairs) for the PRM saved in
-    ``prm_dir``, in a worker process with ``threads`` torch threads: {name: records}."""
-    import torch
-    from transformers import PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
-    from ..model import BetaPRM
-    from .world import WorldConfig
-
-    torch.set_num_threads(threads)
-    hf_logging.set_verbosity_error()
-    world = World(WorldConfig.from_dict(world_cfg))
-    prm = BetaPRM.from_pretrained(prm_dir).eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    return {name: aca_records(world, problems, prm, acfg, tokenizer, seed) for name, acfg in jobs}
-
-
-def run_aca_variants(world: World, problems, variants: dict, models: dict, tokenizer, seed: int, saved=None) -> dict:
-    """Every variant's records: {name: records}. With ``saved`` ((PRM name -> directory,
-    tokenizer directory)) the variants of each PRM run in a process of their own, one
-    thread each (the two PRMs' variants at the same time: on 2 CPU cores about half the
-    time); otherwise one after the other here."""
-    if saved is None:
-        return {
-            name: aca_records(world, problems, models[model], acfg, tokenizer, seed)
-            for name, (model, acfg) in variants.items()
-        }
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    dirs, tok_dir = saved
-    by_model: dict = {}
-    for name, (model, acfg) in variants.items():
-        by_model.setdefault(model, []).append((name, acfg))
-    with ProcessPoolExecutor(len(by_model), mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [
-            ex.submit(_aca_job, world.cfg.to_dict(), problems, str(dirs[model]), str(tok_dir), jobs, seed, 1)
-            for model, jobs in by_model.items()
-        ]
-        done = {}
-        for f in futures:
-            done.update(f.result())
-    return {name: done[name] for name in variants}
-
-
-def aca_table(
-    world: World,
-    test_pools: list[Pool],
-    vanilla_hits: np.ndarray,
-    models: dict,
-    tuned: dict,
-    tokenizer,
-    seed: int,
-    saved=None,
-) -> tuple[dict, dict]:
-    """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
-    pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
-    and its ablations, each with accuracy, CI and generated tokens. Returns the table and
-    the (tokens, accuracy) point of each variant for the plot. ``saved``: see
-    ``run_aca_variants``."""
-    from ..aca import summarize
-    from ..evaluation.metrics import bootstrap_ci
-    from ..selection import candidate_scores
-    from ..types import StepScores
-
-    def count(text):
-        return len(tokenizer.encode(text, add_special_tokens=False))
-
-    variants = aca_variants(tuned, seed)
+    tasks = synth_tasks([p.problem for p in test_pools])
+    rb = dict(final="rb", final_lam=tuned["rb"].lam, final_tau=tuned["rb"].tau, seed=seed)
+    # BetaPRM's ACA with S_RB as the final choice (the paper's main table); the standard
+    # PRM's variants rank with S_lin of their own sigma (the paper's ablation).
+    variants = {
+        "aca": ("betaprm", ACAConfig(**rb)),
+        "aca_no_early_stop": ("betaprm", ACAConfig(early_stop=False, **rb)),
+        "aca_reward_only": ("standard_prm", ACAConfig(uncertainty="none", final="lin", seed=seed)),
+        "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
+    }
     pool_tokens = [[sum(count(st) for st in t.steps) for t in p.traces] for p in test_pools]
     table = {
         "vanilla_bon": {
@@ -252,8 +178,11 @@ def aca_table(
         }
     }
     points = {}
-    records = run_aca_variants(world, [p.problem for p in test_pools], variants, models, tokenizer, seed, saved)
-    for name, recs in records.items():
+    for name, (model, acfg) in variants.items():
+        policy = SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count)
+        recs = run_aca(
+            tasks, policy, PRMScorer(models[model], 64), acfg, synth_answer, synth_is_correct, progress=False
+        )
         hit = np.array([float(r["correct"]) for r in recs])
         summ = summarize(recs)
         tokens = summ["tokens"]

@@ -76,8 +76,8 @@ class DemoConfig:
         True,
         "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each "
         "(the same PRMs as one after the other with that thread count); on a GPU, sharing it. Also labels the data "
-        "in a worker while the backbone pretrains, and runs each PRM's ACA variants in a worker of its own (CPU): "
-        "the same results. From Python, call run_demo under if __name__ == '__main__' (the workers are spawned)",
+        "in a worker while the backbone pretrains: the same data. From Python, call run_demo under if __name__ == "
+        "'__main__' (the workers are spawned)",
     )
     group_by_length: bool = _f(
         False,
