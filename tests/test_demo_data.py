@@ -213,21 +213,6 @@ def test_prm_training_knobs_are_checked_before_the_run_starts():
     assert DemoConfig(prm_schedule="constant_with_warmup", prm_step_weights="data", prm_freeze_layers=2)
 
 
-def test_tokenizer_traces_are_the_first_training_traces():
-    """The demo builds its tokenizer from these while the labelling runs elsewhere: they must
-    be the labelled data's first traces, draw for draw."""
-    from betaprm.synth.experiment import demo_data, tokenizer_traces
-
-    world = World()
-    eff = DemoConfig(quick=True, n_train_problems=30, n_val_problems=2, n_test_problems=2).effective()
-    data = demo_data(world, eff, seed=5)
-    for n in (7, 8, 60):
-        got = tokenizer_traces(world, eff, 5, n)
-        assert [(t.problem.question, t.steps) for t in got] == [
-            (t.problem.question, t.steps) for t in data.train_traces[:n]
-        ]
-
-
 def test_expand_backbone_benchmark_keeps_the_model_and_adds_trainable_layers(tmp_path, capsys):
     """benchmarks/expand_backbone.py: the grown backbone computes what the original did (the
     new layers' outputs start at zero) and its new layers get gradients once trained."""

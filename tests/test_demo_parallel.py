@@ -77,3 +77,53 @@ def test_a_failing_worker_is_named(tmp_path):
             train_prms(eff, tmp_path, 0, "cpu", lambda *a: None, [])
     finally:
         torch.set_num_threads(threads)
+
+
+PARENT = """
+import multiprocessing, os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from betaprm.synth.training import exit_with_parent
+
+def job(path):
+    open(path, "w").write(str(os.getpid()))
+    time.sleep(120)
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent,
+                             initargs=(os.getpid(),)) as ex:
+        ex.submit(job, sys.argv[1]).result()
+"""
+
+
+def test_a_worker_exits_when_its_parent_is_killed(tmp_path):
+    """The demo's workers (PRM training, labelling) stop with the demo: a parent killed with
+    SIGKILL, which runs no clean-up, leaves no worker running. Real processes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, pid_file = tmp_path / "parent.py", tmp_path / "worker.pid"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    try:
+        for _ in range(600):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        os.kill(worker, 0)  # running
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        for _ in range(100):
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the worker outlived its parent by 10 s")
+    finally:
+        parent.kill()

@@ -48,7 +48,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     from .scoring import score_traces
     from .selectors import tune_selectors
     from .synth import World, WorldConfig, diagnostics
-    from .synth.experiment import aca_table, bayes_scores, bon_hits, demo_data, tokenizer_traces
+    from .synth.experiment import aca_table, bayes_scores, bon_hits, demo_data
     from .synth.training import build_backbone, train_prms
 
     log = log or logger.info
@@ -66,22 +66,9 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     hf_logging.disable_progress_bar()
     log(f"betaprm {_version()} demo ({cfg.recipe()} run, seed {cfg.seed}, {device}) -> {out}")
 
-    # 1. data and 2. the tokenizer and pretrained backbone. The labelling (one CPU core of
-    # Python) runs in a worker process while the backbone pretrains here: the same data.
+    # 1. data
     t0 = time.perf_counter()
-    overlap = eff.parallel_prms and not cfg.backbone and (device == "cuda" or torch.get_num_threads() >= 2)
-    if overlap:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
-            pending = ex.submit(demo_data, world, eff, cfg.seed)
-            _, tokenizer, eff = build_backbone(
-                cfg, eff, world, tokenizer_traces(world, eff, cfg.seed), out, log, device
-            )
-            data = pending.result()
-    else:
-        data = demo_data(world, eff, cfg.seed)
+    data = demo_data(world, eff, cfg.seed)
     val_pools, test_pools = data.val_pools, data.test_pools
     with open(out / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in data.train_records)
@@ -91,10 +78,11 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     log(
         f"data: {len(data.train_records)} training traces ({n_steps} labelled steps, K of {world_cfg.mc_n}), "
         f"{len(val_pools)} validation and {len(test_pools)} test pools of {eff.n_candidates} "
-        f"({time.perf_counter() - t0:.0f}s{', made while the backbone pretrained' if overlap else ''})"
+        f"({time.perf_counter() - t0:.0f}s)"
     )
-    if not overlap:
-        _, tokenizer, eff = build_backbone(cfg, eff, world, data.train_traces, out, log, device)
+
+    # 2. tokenizer and pretrained backbone
+    _, tokenizer, eff = build_backbone(cfg, eff, world, data.train_traces, out, log, device)
 
     # 3. the two PRMs, same budget and seed, and 4. their scores of the validation and test pools
     pooled = val_pools + test_pools

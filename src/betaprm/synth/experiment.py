@@ -91,17 +91,6 @@ def training_traces(
     return [t for p in problems for t in boosted.sample_traces(p, traces_per_problem)]
 
 
-def tokenizer_traces(world: World, recipe, seed: int, n: int = 2000) -> list:
-    """The first ``n`` training traces of ``demo_data`` (the same draws: traces are sampled
-    problem by problem from one generator), without their labels: what the demo's tokenizer
-    is built from, ready while the labelling still runs."""
-    s = split_seeds(seed)
-    train_p = world.sample_problems(recipe.n_train_problems, s.train_problems, "train")
-    k = recipe.traces_per_train_problem
-    first = train_p[: -(-n // k)]
-    return training_traces(world, first, s.train_policy, recipe.error_boost, k, recipe.train_near_miss)[:n]
-
-
 def label_records(world: World, label_policy: SynthPolicy, traces, mc_n: int, prefix: str) -> list[dict]:
     """Training records: each step labelled with K of ``mc_n`` continuations."""
     return [

@@ -179,6 +179,21 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
 PRM_JOBS = (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial"))
 
 
+def exit_with_parent(parent: int) -> None:
+    """Process-pool initializer: the worker exits once its parent process is gone. A demo
+    stopped with ``kill`` (not Ctrl-C, which reaches the whole process group) would otherwise
+    leave its workers training for minutes."""
+    import os
+    import threading
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def train_and_score(eff, out, name, objective, seed, device, traces, log):
     """``train_prm``, then the PRM's scores of ``traces`` (``(question, steps)`` pairs):
     ``(prm, log_history, scores, seconds spent scoring)``."""
@@ -231,7 +246,14 @@ def train_prms(eff, out, seed, device, log, traces):
 
     t0 = time.perf_counter()
     split = [max(1, (threads + 1) // 2), max(1, threads // 2)]  # an odd thread count: one more for the first
-    with ProcessPoolExecutor(len(PRM_JOBS), mp_context=multiprocessing.get_context("spawn")) as ex:
+    import os
+
+    with ProcessPoolExecutor(
+        len(PRM_JOBS),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
+    ) as ex:
         futures = [
             ex.submit(_train_and_score_job, eff, str(out), name, objective, seed, device, traces, n)
             for (name, objective), n in zip(PRM_JOBS, split)
