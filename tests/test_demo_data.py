@@ -206,10 +206,11 @@ def test_value_prior_catches_a_scorer_that_reads_the_final_value_and_not_one_tha
 
 def test_prm_training_knobs_are_checked_before_the_run_starts():
     with pytest.raises(BetaPRMInputError) as e:
-        DemoConfig(prm_schedule="cosin", prm_step_weights="tokens", prm_freeze_layers=-1)
+        DemoConfig(prm_schedule="cosin", prm_step_weights="tokens", prm_freeze_layers=-1, prm_weight_decay=-1.0)
     msg = str(e.value)
     assert "prm_schedule must be a transformers scheduler name" in msg
     assert "prm_step_weights must be batch or data" in msg and "prm_freeze_layers must be >= 0" in msg
+    assert "prm_weight_decay must be >= 0, got -1.0" in msg
     assert DemoConfig(prm_schedule="constant_with_warmup", prm_step_weights="data", prm_freeze_layers=2)
 
 

@@ -96,8 +96,9 @@ if __name__ == "__main__":
 
 
 def test_a_worker_exits_when_its_parent_is_killed(tmp_path):
-    """The demo's workers (PRM training, labelling) stop with the demo: a parent killed with
-    SIGKILL, which runs no clean-up, leaves no worker running. Real processes."""
+    """The demo's PRM workers stop with the demo: a parent killed with SIGKILL, which runs no
+    clean-up, leaves no worker running (the initializer ``train_prms`` gives its pool). Real
+    processes."""
     import os
     import signal
     import subprocess

@@ -595,6 +595,13 @@ def test_freeze_layers_refuses_what_it_cannot_do(tmp_path, lm_dir, counts):
         train(cfg(lm_dir, counts, tmp_path / "b", freeze_layers=3))
 
 
+def test_negative_weight_decay_is_refused_before_training(tmp_path, lm_dir, counts):
+    from betaprm.errors import BetaPRMInputError
+
+    with pytest.raises(BetaPRMInputError, match="--weight-decay must be >= 0, got -0.1"):
+        cfg(lm_dir, counts, tmp_path / "a", weight_decay=-0.1)
+
+
 def test_step_weights_data_divides_every_step_by_the_datas_mean_count(tmp_path, lm_dir, counts):
     """--step-weights data: each optimiser step's summed losses over a fixed count (the data's
     mean scored steps and LM tokens per trace x the step's traces), so every scored step weighs

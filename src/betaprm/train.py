@@ -182,6 +182,8 @@ class TrainConfig:
             problems.append(f"--step-weights must be batch or data, got {self.step_weights!r}")
         if self.freeze_layers < 0:
             problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
+        if self.weight_decay < 0:
+            problems.append(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.freeze_layers and self.lora_r > 0:
             problems.append("--freeze-layers with --lora-r: LoRA already freezes the backbone's weights; choose one")
         if self.max_tokens_per_batch < 0:

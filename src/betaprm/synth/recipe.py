@@ -127,6 +127,8 @@ class DemoConfig:
         # Checked here, not minutes later when the PRMs start training.
         if self.prm_freeze_layers < 0:
             bad.append(f"prm_freeze_layers must be >= 0, got {self.prm_freeze_layers}")
+        if self.prm_weight_decay < 0:
+            bad.append(f"prm_weight_decay must be >= 0, got {self.prm_weight_decay}")
         if self.prm_step_weights not in ("batch", "data"):
             bad.append(f"prm_step_weights must be batch or data, got {self.prm_step_weights!r}")
         from transformers import SchedulerType

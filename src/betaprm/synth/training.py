@@ -9,6 +9,7 @@ processes, whose lines are sent back and logged in order by the parent.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -183,7 +184,6 @@ def exit_with_parent(parent: int) -> None:
     """Process-pool initializer: the worker exits once its parent process is gone. A demo
     stopped with ``kill`` (not Ctrl-C, which reaches the whole process group) would otherwise
     leave its workers training for minutes."""
-    import os
     import threading
 
     def watch():
@@ -246,8 +246,6 @@ def train_prms(eff, out, seed, device, log, traces):
 
     t0 = time.perf_counter()
     split = [max(1, (threads + 1) // 2), max(1, threads // 2)]  # an odd thread count: one more for the first
-    import os
-
     with ProcessPoolExecutor(
         len(PRM_JOBS),
         mp_context=multiprocessing.get_context("spawn"),
