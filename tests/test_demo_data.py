@@ -240,3 +240,93 @@ def test_expand_backbone_benchmark_keeps_the_model_and_adds_trainable_layers(tmp
     b.train()
     b(x, labels=x).loss.backward()
     assert b.model.layers[3].self_attn.o_proj.weight.grad.abs().sum() > 0
+
+
+def _word_tokenizer_for(world, traces):
+    from tokenizers import AddedToken
+
+    from betaprm.formatting import format_trace
+    from betaprm.tiny import word_tokenizer
+
+    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in traces]
+    tok = word_tokenizer(texts, words=[str(v) for v in range(world.M)])
+    tok.add_tokens([AddedToken("<prm>", special=True, normalized=False)], special_tokens=True)
+    return tok
+
+
+def test_check_pretraining_replaces_verifiable_results_and_targets_their_markers():
+    """Check pretraining's traces: only verifiable results are replaced, by another number,
+    and the chain goes on from the written value; in the packed batch the detection target
+    sits at each op step's marker (1 where replaced) and no language-model target at a
+    replaced result."""
+    from betaprm.formatting import encode_traces
+    from betaprm.synth.training import _check_batch, _replaced_trace
+    from betaprm.synth.world import parse_value
+
+    w = World()
+    problems = w.sample_problems(40, 3, "c")
+    rng = np.random.default_rng(0)
+    made = [_replaced_trace(w, p, rng, 0.5) for p in problems]
+    n_replaced = 0
+    for p, (steps, flags) in zip(problems, made):
+        assert len(steps) == p.T + 1 and len(flags) == p.T
+        prev = p.start
+        for s, (text, replaced) in enumerate(zip(steps, flags)):
+            v = parse_value(text)
+            assert text.split()[1] == str(prev)  # the chain goes on from the written value
+            if p.ops[s][0] == "?":
+                assert not replaced and v == p.apply(s, prev)
+            else:
+                assert (v != p.apply(s, prev)) == replaced
+            n_replaced += replaced
+            prev = v
+    assert 0.35 < n_replaced / sum(op[0] != "?" for p in problems for op in p.ops) < 0.65
+    tok = _word_tokenizer_for(w, [t for p in problems[:5] for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    marker = tok.convert_tokens_to_ids("<prm>")
+    ids = encode_traces(tok, marker, [(p.question, steps) for p, (steps, _) in zip(problems, made)])
+    x, pos, labels, target = _check_batch(ids, [f for _, f in made], marker, tok.pad_token_id)
+    assert int((x != tok.pad_token_id).sum()) == sum(map(len, ids))
+    # each trace, found by its segment of position ids, gets its own targets back
+    seen = 0
+    for r in range(x.shape[0]):
+        starts = [j for j in range(x.shape[1]) if pos[r, j] == 0]
+        for a, b in zip(starts, starts[1:] + [x.shape[1]]):
+            seq = x[r, a:b].tolist()
+            i = next((k for k, t in enumerate(ids) if t == seq), None)
+            if i is None:
+                assert set(seq) == {tok.pad_token_id}  # the row's padding tail
+                continue
+            seen += 1
+            flags = made[i][1]
+            marks = [j for j, t in enumerate(seq) if t == marker]
+            assert [target[r, a + m].item() for m in marks[:-1]] == [float(f) for f in flags]
+            assert target[r, a + marks[-1]].item() == -1.0  # the answer step is not a check
+            assert int((target[r, a:b] >= 0).sum()) == len(flags)
+            assert labels[r, a].item() == -100
+            masked = {j for j in range(1, len(seq)) if labels[r, a + j].item() == -100}
+            assert masked == {marks[k] - 1 for k, f in enumerate(flags) if f}
+            assert all(labels[r, a + j].item() == seq[j] for j in range(1, len(seq)) if j not in masked)
+    assert seen == len(ids)
+
+
+def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
+    import torch
+
+    from betaprm.formatting import TraceFormat
+    from betaprm.synth.training import check_pretrain
+    from betaprm.tiny import tiny_causal_lm
+
+    w = World()
+    problems = w.sample_problems(5, 3, "c")
+    tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    cfg = DemoConfig(quick=True, check_steps=3).effective()
+    model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lines = []
+    check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append)
+    assert any("check pretraining step 3/3" in line and "replaced-result loss" in line for line in lines)
+    assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items() if "layers.1." in k)
+    assert DemoConfig().effective().check_steps == 1500 and DemoConfig(quick=True).effective().check_steps == 100
+    assert DemoConfig(check_steps=0).effective().check_steps == 0  # 0 turns it off, even for a preset
+    with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
+        DemoConfig(check_steps=-1)

@@ -46,6 +46,12 @@ class DemoConfig:
     )
     pretrain_tokens: int | None = _f(None, "language-model pretraining budget in tokens (1000000; --quick 200000)")
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
+    check_steps: int | None = _f(
+        None,
+        "steps of check pretraining after the language modelling (1500; --quick 100; 0: none): the backbone also "
+        "learns to spot results that the pretraining replaced (ELECTRA-style, no MC counts), as a pretrained LLM "
+        "can check arithmetic; from MC counts alone the PRMs learn that check only with --long's budget",
+    )
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_freeze_layers: int = _f(
@@ -125,6 +131,8 @@ class DemoConfig:
         if self.quick and self.long:
             bad.append("--quick and --long are two different runs: choose one")
         # Checked here, not minutes later when the PRMs start training.
+        if self.check_steps is not None and self.check_steps < 0:
+            bad.append(f"check_steps must be >= 0, got {self.check_steps}")
         if self.prm_freeze_layers < 0:
             bad.append(f"prm_freeze_layers must be >= 0, got {self.prm_freeze_layers}")
         if self.prm_weight_decay < 0:
@@ -170,6 +178,7 @@ BASE = dict(
     n_val_problems=300,
     n_test_problems=1000,
     pretrain_tokens=1_000_000,
+    check_steps=1500,
     prm_steps=1500,
     train_near_miss=0.3,
     hidden_size=96,
@@ -182,6 +191,7 @@ PRESETS = {
         n_val_problems=60,
         n_test_problems=150,
         pretrain_tokens=200_000,
+        check_steps=100,
         prm_steps=120,
         num_layers=3,
     ),

@@ -84,7 +84,112 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
         sched.step()
         if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
             log(f"  pretraining step {s + 1}/{steps}  loss {loss.item():.3f}  ({time.perf_counter() - t0:.0f}s)")
+    if cfg.check_steps:
+        check_pretrain(model, cfg, world, tokenizer, fmt, log, device)
     return model.cpu().eval()
+
+
+def _replaced_trace(world, problem, rng, rate):
+    """A trace of ``problem`` whose verifiable results are each replaced, with probability
+    ``rate``, by another number (a uniform nonzero offset), the chain going on from the
+    written value as a policy's would: ``(step texts, replaced flag per op step)``."""
+    values, flags, v = [], [], problem.start
+    for s in range(problem.T):
+        c, f = int(problem.apply(s, v)), False
+        if problem.ops[s][0] != "?" and rng.random() < rate:
+            c, f = (c + int(rng.integers(1, world.M))) % world.M, True
+        values.append(c)
+        flags.append(f)
+        v = c
+    return world.step_texts(problem, values, 0, rng), flags
+
+
+CHECK_REPLACE_RATE = 0.3  # share of verifiable results replaced in check pretraining
+
+
+def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
+    """Replaced-result detection (ELECTRA's replaced-token detection, on results): the
+    pretrained backbone goes on as a language model on traces whose verifiable results the
+    pretraining itself replaced (``_replaced_trace``; no MC counts and no world errors), and
+    a linear head on the final hidden state at each op step's marker learns whether that
+    result was replaced. The head is dropped afterwards: what stays is a backbone that
+    checks a step where the PRM reads it, as a pretrained LLM can check arithmetic. A PRM
+    learns that check from MC counts alone far more slowly (benchmarks/RESULTS.md)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..formatting import encode_traces
+
+    torch.manual_seed(cfg.seed + 2)
+    head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
+    params = list(model.parameters()) + list(head.parameters())
+    steps, batch = cfg.check_steps, 32
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
+    rng = np.random.default_rng(cfg.seed + 2002)
+    problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
+    marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
+    pad = tokenizer.pad_token_id
+    t0 = time.perf_counter()
+    for s in range(steps):
+        chunk = problems[s * batch : (s + 1) * batch]
+        traces = [_replaced_trace(world, p, rng, CHECK_REPLACE_RATE) for p in chunk]
+        ids = encode_traces(tokenizer, marker_id, [(p.question, t) for p, (t, _) in zip(chunk, traces)], fmt)
+        x, pos, labels, target = _check_batch(ids, [f for _, f in traces], marker_id, pad, fmt.marker_repeat)
+        x, pos, labels, target = x.to(device), pos.to(device), labels.to(device), target.to(device)
+        hidden = model.model(input_ids=x, position_ids=pos).last_hidden_state
+        logits = model.lm_head(hidden)
+        lm = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        at_marker = target >= 0
+        check = F.binary_cross_entropy_with_logits(head(hidden[at_marker]).squeeze(-1), target[at_marker])
+        loss = lm + check
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
+            log(
+                f"  check pretraining step {s + 1}/{steps}  LM loss {lm.item():.3f}  replaced-result loss "
+                f"{check.item():.3f}  ({time.perf_counter() - t0:.0f}s)"
+            )
+
+
+def _check_batch(ids, flags, marker_id, pad_id, marker_repeat=1):
+    """One check-pretraining batch, packed as in ``pretrain`` (no padding, no attention or
+    loss across traces): ``input_ids``, ``position_ids``, language-model ``labels``
+    (aligned with the inputs; -100 at each trace's first token, at padding and at replaced
+    results) and the detection ``target`` (1.0 / 0.0 at the last marker of each op step,
+    -1 elsewhere). ``flags[i][k]``: op step k of trace i was replaced."""
+    import torch
+
+    from ..data.dataset import first_fit_rows
+
+    lengths = [len(x) for x in ids]
+    cap = max(lengths)
+    rows = first_fit_rows(lengths)
+    x = torch.full((len(rows), cap), pad_id, dtype=torch.long)
+    pos = torch.zeros_like(x)
+    labels = torch.full_like(x, -100)
+    target = torch.full(x.shape, -1.0)
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            seq = ids[i]
+            n = len(seq)
+            x[r, at : at + n] = torch.as_tensor(seq)
+            pos[r, at : at + n] = torch.arange(n)
+            labels[r, at + 1 : at + n] = torch.as_tensor(seq[1:])
+            marks = [j for j, t in enumerate(seq) if t == marker_id][marker_repeat - 1 :: marker_repeat]
+            for k, replaced in enumerate(flags[i]):  # marks[k] closes op step k; its result precedes its markers
+                target[r, at + marks[k]] = float(replaced)
+                if replaced:
+                    labels[r, at + marks[k] - marker_repeat] = -100
+            at += n
+        pos[r, at:] = torch.arange(cap - at)
+    return x, pos, labels, target
 
 
 def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
@@ -127,6 +232,7 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
         f"from {cfg.backbone}"
         if cfg.backbone
         else f"pretrained on {eff.pretrain_tokens / 1e6:.2f}M tokens of error-free traces"
+        + (f", then {eff.check_steps} steps of replaced-result detection" if eff.check_steps else "")
     )
     log(
         f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary "
