@@ -77,7 +77,7 @@ def test_presets_change_defaults_and_keep_explicit_settings():
         base.num_layers,
         base.prm_steps,
         base.train_near_miss,
-    ) == (12_000, 1000, 96, 8, 1500, 0.3)
+    ) == (12_000, 1000, 96, 8, 1000, 0.3)
     assert (base.intermediate_size, long.intermediate_size) == (192, 384)
     assert base.effective() == base
     # on a GPU the default run is the long recipe; --quick stays quick (torch sees no GPU
@@ -326,7 +326,7 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
     check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append)
     assert any("check pretraining step 3/3" in line and "replaced-result loss" in line for line in lines)
     assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items() if "layers.1." in k)
-    assert DemoConfig().effective().check_steps == 1500 and DemoConfig(quick=True).effective().check_steps == 100
+    assert DemoConfig().effective().check_steps == 1000 and DemoConfig(quick=True).effective().check_steps == 100
     assert DemoConfig(check_steps=0).effective().check_steps == 0  # 0 turns it off, even for a preset
     with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
         DemoConfig(check_steps=-1)

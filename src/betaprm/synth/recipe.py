@@ -48,11 +48,11 @@ class DemoConfig:
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
     check_steps: int | None = _f(
         None,
-        "steps of check pretraining after the language modelling (1500; --quick 100; 0: none): the backbone also "
+        "steps of check pretraining after the language modelling (1000; --quick 100; 0: none): the backbone also "
         "learns to spot results that the pretraining replaced (ELECTRA-style, no MC counts), as a pretrained LLM "
         "can check arithmetic; from MC counts alone the PRMs learn that check only with --long's budget",
     )
-    prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")
+    prm_steps: int | None = _f(None, "optimiser steps for each PRM (1000; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_freeze_layers: int = _f(
         0,
@@ -178,8 +178,8 @@ BASE = dict(
     n_val_problems=300,
     n_test_problems=1000,
     pretrain_tokens=1_000_000,
-    check_steps=1500,
-    prm_steps=1500,
+    check_steps=1000,
+    prm_steps=1000,
     train_near_miss=0.3,
     hidden_size=96,
     num_layers=8,

@@ -104,7 +104,7 @@ def _replaced_trace(world, problem, rng, rate):
     return world.step_texts(problem, values, 0, rng), flags
 
 
-CHECK_REPLACE_RATE = 0.3  # share of verifiable results replaced in check pretraining
+CHECK_REPLACE_RATE = 0.5  # share of verifiable results replaced in check pretraining (0.3 took off later)
 
 
 def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
