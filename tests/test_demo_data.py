@@ -330,3 +330,39 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
     assert DemoConfig(check_steps=0).effective().check_steps == 0  # 0 turns it off, even for a preset
     with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
         DemoConfig(check_steps=-1)
+
+
+def test_pretraining_keeps_packed_traces_apart():
+    """The backbone's pretraining packs several traces per row: with the model's KV cache on,
+    transformers ignores the packed position ids and lets a trace attend to the ones before
+    it. pretrain turns the cache off; then a packed trace's hidden states equal its own."""
+    import torch
+
+    from betaprm.formatting import encode_traces
+    from betaprm.synth.training import _check_batch, pretrain
+
+    w = World()
+    problems = w.sample_problems(6, 3, "c")
+    tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_tokens=500, check_steps=1)
+    model = pretrain(cfg, w, tok, "<prm>", lambda line: None)
+    assert model.config.use_cache is False
+    marker = tok.convert_tokens_to_ids("<prm>")
+    ids = encode_traces(
+        tok, marker, [(p.question, SynthPolicy(w, seed=2).sample_traces(p, 1)[0].steps) for p in problems]
+    )
+    # The demo's traces differ too little in length to share a row; one twice as long
+    # makes rows that hold two.
+    ids.append(ids[0] + ids[1])
+    flags = [[False] * p.T for p in problems] + [[False] * (problems[0].T + problems[1].T + 1)]
+    x, pos, _, _ = _check_batch(ids, flags, marker, tok.pad_token_id)
+    assert x.shape[0] < len(ids) - 1  # some row holds two traces
+    with torch.no_grad():
+        packed = model.model(input_ids=x, position_ids=pos).last_hidden_state
+        for r in range(x.shape[0]):
+            starts = [j for j in range(x.shape[1]) if pos[r, j] == 0]
+            for a, b in zip(starts, starts[1:] + [x.shape[1]]):
+                seq = x[r, a:b].tolist()
+                if seq in ids:
+                    alone = model.model(input_ids=torch.tensor([seq])).last_hidden_state[0]
+                    assert torch.allclose(packed[r, a:b], alone, atol=1e-4)

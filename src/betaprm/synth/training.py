@@ -43,6 +43,9 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
         .to(device)
         .train()
     )
+    # No KV cache: with one, transformers builds a plain causal mask and ignores the packed
+    # position ids, so packed traces would attend to the ones before them in their row.
+    model.config.use_cache = False
     clean = SynthPolicy(world, seed=cfg.seed + 101, error_boost=0.0)
     marker_id = tokenizer.convert_tokens_to_ids(marker)
     fmt = TraceFormat(marker=marker, marker_repeat=cfg.marker_repeat)  # the PRM's layout
@@ -120,6 +123,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
 
     from ..formatting import encode_traces
 
+    model.config.use_cache = False  # packed rows: see pretrain
     torch.manual_seed(cfg.seed + 2)
     head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
     params = list(model.parameters()) + list(head.parameters())
