@@ -366,3 +366,41 @@ def test_pretraining_keeps_packed_traces_apart():
                 if seq in ids:
                     alone = model.model(input_ids=torch.tensor([seq])).last_hidden_state[0]
                     assert torch.allclose(packed[r, a:b], alone, atol=1e-4)
+
+
+def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkeypatch):
+    """With two markers per step the detection target sits at the second and the result
+    before the first loses its LM target; ``check_steps=0`` skips check pretraining."""
+    from betaprm.formatting import TraceFormat, encode_traces
+    from betaprm.synth import training
+    from betaprm.synth.training import _check_batch, _replaced_trace
+
+    w = World()
+    problems = w.sample_problems(8, 5, "c")
+    rng = np.random.default_rng(1)
+    made = [_replaced_trace(w, p, rng, 0.5) for p in problems]
+    tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    marker = tok.convert_tokens_to_ids("<prm>")
+    ids = encode_traces(
+        tok, marker, [(p.question, s) for p, (s, _) in zip(problems, made)], TraceFormat(marker_repeat=2)
+    )
+    x, pos, labels, target = _check_batch(ids, [f for _, f in made], marker, tok.pad_token_id, marker_repeat=2)
+    from betaprm.data.dataset import first_fit_rows
+
+    rows = first_fit_rows([len(s) for s in ids])
+    assert all(len(m) == 1 for m in rows)  # one trace per row here
+    for r, (i,) in enumerate(rows):
+        seq, flags = ids[i], made[i][1]
+        marks = [j for j, t in enumerate(seq) if t == marker]
+        assert [target[r, m].item() for m in marks[1:-2:2]] == [float(f) for f in flags]
+        assert all(target[r, m].item() == -1.0 for m in marks[0::2])
+        assert {j for j in range(1, len(seq)) if labels[r, j].item() == -100} == {
+            marks[2 * k] - 1 for k, f in enumerate(flags) if f
+        }
+    called = []
+    monkeypatch.setattr(training, "check_pretrain", lambda *a, **k: called.append(1))
+    cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_tokens=300)
+    training.pretrain(replace(cfg, check_steps=0), w, tok, "<prm>", lambda line: None)
+    assert called == []
+    training.pretrain(replace(cfg, check_steps=2), w, tok, "<prm>", lambda line: None)
+    assert called == [1]
