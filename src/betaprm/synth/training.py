@@ -19,6 +19,16 @@ import numpy as np
 from ..errors import BetaPRMInputError
 
 
+def _warmup_cosine(opt, steps):
+    """Linear warm-up over the first 5% of ``steps``, then cosine decay to 0 (the
+    backbone's pretraining and check pretraining)."""
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
+
+
 def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     """A small Llama trained as a language model on error-free traces, in the PRM's format."""
     import torch
@@ -63,9 +73,7 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     batch = 32
     steps = max(1, int(cfg.pretrain_tokens / (per_trace * batch)))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    sched = _warmup_cosine(opt, steps)
     problems = world.sample_problems(steps * batch, cfg.seed + 1000, "pre")
     t0 = time.perf_counter()
     for s in range(steps):
@@ -129,9 +137,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     params = list(model.parameters()) + list(head.parameters())
     steps, batch = cfg.check_steps, 32
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    sched = _warmup_cosine(opt, steps)
     rng = np.random.default_rng(cfg.seed + 2002)
     problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
     marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
