@@ -4,6 +4,9 @@ traces (the backbone), then the standard PRM and the BetaPRM fine-tuned from it 
 
 Progress goes to ``log``, a callable taking one line: the two PRMs may train in worker
 processes, whose lines are sent back and logged in order by the parent.
+
+Over 400 lines because the backbone's two pretraining stages and the PRMs' training belong
+together: each stage consumes what the one before it saves.
 """
 
 from __future__ import annotations
