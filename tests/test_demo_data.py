@@ -257,10 +257,12 @@ def _word_tokenizer_for(world, traces):
 def test_check_pretraining_replaces_verifiable_results_and_targets_their_markers():
     """Check pretraining's traces: only verifiable results are replaced, by another number,
     and the chain goes on from the written value; in the packed batch the detection target
-    sits at each op step's marker (1 where replaced) and no language-model target at a
-    replaced result."""
+    sits at each op step's marker (1 where replaced) and at its result, and no
+    language-model target at a replaced result."""
+    import torch
+
     from betaprm.formatting import encode_traces
-    from betaprm.synth.training import _check_batch, _replaced_trace
+    from betaprm.synth.training import _at_results, _check_batch, _replaced_trace
     from betaprm.synth.world import parse_value
 
     w = World()
@@ -286,6 +288,10 @@ def test_check_pretraining_replaces_verifiable_results_and_targets_their_markers
     ids = encode_traces(tok, marker, [(p.question, steps) for p, (steps, _) in zip(problems, made)])
     x, pos, labels, target = _check_batch(ids, [f for _, f in made], marker, tok.pad_token_id)
     assert int((x != tok.pad_token_id).sum()) == sum(map(len, ids))
+    # the same targets at the results themselves: one position before each step's marker
+    at_result, result_target = _at_results(target)
+    assert torch.equal(result_target, target[target >= 0])
+    assert torch.equal(at_result[:, :-1], target[:, 1:] >= 0) and not at_result[:, -1].any()
     # each trace, found by its segment of position ids, gets its own targets back
     seen = 0
     for r in range(x.shape[0]):
@@ -371,9 +377,11 @@ def test_pretraining_keeps_packed_traces_apart():
 def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkeypatch):
     """With two markers per step the detection target sits at the second and the result
     before the first loses its LM target; ``check_steps=0`` skips check pretraining."""
+    import torch
+
     from betaprm.formatting import TraceFormat, encode_traces
     from betaprm.synth import training
-    from betaprm.synth.training import _check_batch, _replaced_trace
+    from betaprm.synth.training import _at_results, _check_batch, _replaced_trace
 
     w = World()
     problems = w.sample_problems(8, 5, "c")
@@ -397,6 +405,12 @@ def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkey
         assert {j for j in range(1, len(seq)) if labels[r, j].item() == -100} == {
             marks[2 * k] - 1 for k, f in enumerate(flags) if f
         }
+    # the result-position targets: the token before each op step's first marker
+    at_result, result_target = _at_results(target, marker_repeat=2)
+    assert torch.equal(result_target, target[target >= 0])
+    for r, (i,) in enumerate(rows):
+        marks = [j for j, t in enumerate(ids[i]) if t == marker]
+        assert at_result[r].nonzero().flatten().tolist() == [m - 1 for m in marks[0:-2:2]]
     called = []
     monkeypatch.setattr(training, "check_pretrain", lambda *a, **k: called.append(1))
     cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_tokens=300)

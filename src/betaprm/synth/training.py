@@ -125,8 +125,8 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     """Replaced-result detection (ELECTRA's replaced-token detection, on results): the
     pretrained backbone goes on as a language model on traces whose verifiable results the
     pretraining itself replaced (``_replaced_trace``; no MC counts and no world errors), and
-    a linear head on the final hidden state at each op step's marker learns whether that
-    result was replaced. The head is dropped afterwards: what stays is a backbone that
+    a linear head on the final hidden state at each op step's marker (and at the result
+    itself) learns whether that result was replaced. The head is dropped afterwards: what stays is a backbone that
     checks a step where the PRM reads it, as a pretrained LLM can check arithmetic. A PRM
     learns that check from MC counts alone far more slowly (benchmarks/RESULTS.md)."""
     import torch
@@ -157,7 +157,13 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
         lm = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         at_marker = target >= 0
         check = F.binary_cross_entropy_with_logits(head(hidden[at_marker]).squeeze(-1), target[at_marker])
-        loss = lm + check
+        # The same target at the result itself, where the check is one hop shorter (the
+        # result against the prediction one position back): learned there first, the marker
+        # then copies it. With the marker alone, one seed of three was still at chance after
+        # 1,000 steps (benchmarks/RESULTS.md).
+        at_result, result_target = _at_results(target, fmt.marker_repeat)
+        check_result = F.binary_cross_entropy_with_logits(head(hidden[at_result]).squeeze(-1), result_target)
+        loss = lm + check + check_result
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -166,8 +172,21 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
         if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
             log(
                 f"  check pretraining step {s + 1}/{steps}  LM loss {lm.item():.3f}  replaced-result loss "
-                f"{check.item():.3f}  ({time.perf_counter() - t0:.0f}s)"
+                f"{check.item():.3f} at the marker, {check_result.item():.3f} at the result  "
+                f"({time.perf_counter() - t0:.0f}s)"
             )
+
+
+def _at_results(target, marker_repeat=1):
+    """The result positions of ``_check_batch``'s ``target`` (each op step's written
+    result, ``marker_repeat`` tokens before its last marker) and their targets, in the same
+    order as ``target[target >= 0]``."""
+    import torch
+
+    at_marker = target >= 0
+    at_result = torch.zeros_like(at_marker)
+    at_result[:, :-marker_repeat] = at_marker[:, marker_repeat:]
+    return at_result, target[:, marker_repeat:][at_marker[:, marker_repeat:]]
 
 
 def _check_batch(ids, flags, marker_id, pad_id, marker_repeat=1):
