@@ -126,9 +126,10 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     pretrained backbone goes on as a language model on traces whose verifiable results the
     pretraining itself replaced (``_replaced_trace``; no MC counts and no world errors), and
     a linear head on the final hidden state at each op step's marker (and at the result
-    itself) learns whether that result was replaced. The head is dropped afterwards: what stays is a backbone that
-    checks a step where the PRM reads it, as a pretrained LLM can check arithmetic. A PRM
-    learns that check from MC counts alone far more slowly (benchmarks/RESULTS.md)."""
+    itself) learns whether that result was replaced. The head is dropped afterwards: what
+    stays is a backbone that checks a step where the PRM reads it, as a pretrained LLM can
+    check arithmetic. A PRM learns that check from MC counts alone far more slowly
+    (benchmarks/RESULTS.md)."""
     import torch
     import torch.nn.functional as F
 
