@@ -183,6 +183,27 @@ def test_mc_labels_follow_q():
     assert set(reps[:, -1]) == {16 * int(tr.correct)}  # the answer step: no continuation
 
 
+@pytest.mark.parametrize(
+    "cfg, boost",
+    [({}, 1.0), ({}, 2.0), ({"modulus": 12, "connectives": ["so"]}, 1.0), ({"min_ops": 6, "max_ops": 10}, 1.0)],
+)
+def test_mc_label_fast_path_matches_generate(cfg, boost):
+    """mc_label skips writing the continuations for the world's own policy; the counts and
+    the policy's random stream afterwards are the same as through generate (a subclass of
+    SynthPolicy takes the generic path)."""
+
+    class Generic(SynthPolicy):
+        pass
+
+    w = World(WorldConfig(**cfg))
+    fast, slow = SynthPolicy(w, seed=9, error_boost=boost), Generic(w, seed=9, error_boost=boost)
+    writer = SynthPolicy(w, seed=3, error_boost=2.0)
+    for p in w.sample_problems(20, seed=5):
+        for tr in writer.sample_traces(p, 3):
+            assert mc_label(w, fast, tr, 8) == mc_label(w, slow, tr, 8)
+    assert fast.rng.random() == slow.rng.random()
+
+
 def test_policy_is_a_generator_and_keeps_prefixes():
     w = World()
     policy = SynthPolicy(w, seed=0, count_tokens=len)

@@ -63,11 +63,37 @@ def mc_label(world: World, generator, trace: Trace, n: int) -> list[int]:
     from .world import parse_value
 
     p = trace.problem
+    if type(generator) is SynthPolicy:
+        return _synth_counts(generator, trace, n)
     reqs = [GenerationRequest(p.question, trace.steps[: t + 1], n, p) for t in range(len(trace.steps))]
     ks, answer = [], p.answer  # computed once: it walks the whole chain
     for t, comps in enumerate(generator.generate(reqs)):
         full_last = [c.steps[-1] if c.steps else trace.steps[t] for c in comps]
         ks.append(sum(parse_value(s) == answer for s in full_last))
+    return ks
+
+
+def _synth_counts(policy: SynthPolicy, trace: Trace, n: int) -> list[int]:
+    """``mc_label`` for the world's own policy without writing the continuations' texts:
+    only their final values decide K. The same random draws in the same order as
+    ``SynthPolicy.generate`` (the errors, then one connective per written op step), so the
+    counts are the same as through ``generate``, several times faster (the demo labels
+    about 170,000 steps 16 times each)."""
+    from .world import parse_value
+
+    w, p, rng = policy.world, trace.problem, policy.rng
+    answer, n_conn = p.answer, len(w.cfg.connectives)
+    values = w.values_of(p, trace.steps)  # as written in the steps, as generate reads them
+    ks = []
+    for t in range(len(trace.steps)):
+        if t + 1 > p.T:  # the answer step is written: every continuation ends with it
+            ks.append(n * int(parse_value(trace.steps[t]) == answer))
+            continue
+        prefix = values[: t + 1]
+        cont = w.continue_values(p, prefix, n, rng, policy.error_boost)
+        rng.integers(n_conn, size=n * cont.shape[1])  # the connectives step_texts would draw
+        final = cont[:, -1] if cont.shape[1] else np.full(n, prefix[-1])
+        ks.append(int((final == answer).sum()))
     return ks
 
 

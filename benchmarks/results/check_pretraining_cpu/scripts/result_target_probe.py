@@ -2,6 +2,7 @@
 # The probe script as run for benchmarks/RESULTS.md (entry "check pretraining with the target at the result too"), kept as it was.
 # Run: TOK=<a demo backbone dir, for its tokenizer> PYTHONPATH=src python probe.py SEED base|resulttok STEPS
 """check-phase variants on the demo backbone: held-out replaced-result detection AUROC (odd/even offsets)."""
+
 import os, sys, time
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,9 @@ from betaprm.synth.recipe import DemoConfig
 from betaprm.synth import training as T
 from betaprm.formatting import TraceFormat, encode_traces
 
-seed = int(sys.argv[1]); variant = sys.argv[2]; steps = int(sys.argv[3])
+seed = int(sys.argv[1])
+variant = sys.argv[2]
+steps = int(sys.argv[3])
 torch.set_num_threads(int(os.environ.get("THREADS", "2")))
 TOKDIR = os.environ["TOK"]
 tok = PreTrainedTokenizerFast.from_pretrained(TOKDIR)
@@ -28,32 +31,51 @@ if not (pre / "config.json").exists():
     m.save_pretrained(pre)
 model = AutoModelForCausalLM.from_pretrained(pre).train()
 model.config.use_cache = False
-marker_id = tok.convert_tokens_to_ids("<prm>"); pad = tok.pad_token_id
+marker_id = tok.convert_tokens_to_ids("<prm>")
+pad = tok.pad_token_id
 # held-out set: replaced traces with offsets recorded
 erng = np.random.default_rng(999)
 eprobs = world.sample_problems(300, 777, "heldout")
+
+
 def replaced_with_offsets(p, rng, rate):
     values, flags, offs, v = [], [], [], p.start
     for s in range(p.T):
         c, f, o = int(p.apply(s, v)), False, 0
         if p.ops[s][0] != "?" and rng.random() < rate:
-            o = int(rng.integers(1, world.M)); c, f = (c + o) % world.M, True
-        values.append(c); flags.append(f); offs.append(o); v = c
+            o = int(rng.integers(1, world.M))
+            c, f = (c + o) % world.M, True
+        values.append(c)
+        flags.append(f)
+        offs.append(o)
+        v = c
     return world.step_texts(p, values, 0, rng), flags, offs, p
+
+
 ev = [replaced_with_offsets(p, erng, 0.3) for p in eprobs]
+
+
 def evaluate():
-    model.eval(); ss, oo, vv = [], [], []
+    model.eval()
+    ss, oo, vv = [], [], []
     with torch.no_grad():
         for i in range(0, len(ev), 50):
-            chunk = ev[i:i+50]
+            chunk = ev[i : i + 50]
             ids = encode_traces(tok, marker_id, [(p.question, t) for t, _, _, p in chunk], fmt)
             # offsets (and verifiable-ness) as targets, so they stay aligned with the packed order
-            x, pos, _, target = T._check_batch(ids, [[o + 100 * (p.ops[s][0] != "?") for s, o in enumerate(offs)] for _, _, offs, p in chunk], marker_id, pad, fmt.marker_repeat)
+            x, pos, _, target = T._check_batch(
+                ids,
+                [[o + 100 * (p.ops[s][0] != "?") for s, o in enumerate(offs)] for _, _, offs, p in chunk],
+                marker_id,
+                pad,
+                fmt.marker_repeat,
+            )
             h = model.model(input_ids=x, position_ids=pos).last_hidden_state
             at = target >= 0
             ss += head(h[at]).squeeze(-1).tolist()
             t = target[at].long()
-            oo += (t % 100).tolist(); vv += (t >= 100).tolist()
+            oo += (t % 100).tolist()
+            vv += (t >= 100).tolist()
     model.train()
     ss, offs, verif = np.array(ss), np.array(oo), np.array(vv)
     neg = (offs == 0) & verif
@@ -63,10 +85,13 @@ def evaluate():
         sel = neg | pos_
         out.append(auroc(ss[sel], pos_[sel]))
     return out
+
+
 torch.manual_seed(cfg.seed + 2)
 head = torch.nn.Linear(model.config.hidden_size, 1)
 params = list(model.parameters()) + list(head.parameters())
-lr = float(os.environ.get("LR", "1e-3")); batch = int(os.environ.get("BATCH", "32"))
+lr = float(os.environ.get("LR", "1e-3"))
+batch = int(os.environ.get("BATCH", "32"))
 rate = float(os.environ.get("RATE", "0.5"))
 opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
 sched = T._warmup_cosine(opt, steps)
@@ -74,7 +99,7 @@ rng = np.random.default_rng(cfg.seed + 2002)
 problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
 t0 = time.perf_counter()
 for s in range(steps):
-    chunk = problems[s * batch:(s + 1) * batch]
+    chunk = problems[s * batch : (s + 1) * batch]
     traces = [T._replaced_trace(world, p, rng, rate) for p in chunk]
     ids = encode_traces(tok, marker_id, [(p.question, t) for p, (t, _) in zip(chunk, traces)], fmt)
     x, pos, labels, target = T._check_batch(ids, [f for _, f in traces], marker_id, pad, fmt.marker_repeat)
@@ -85,12 +110,22 @@ for s in range(steps):
     check = F.binary_cross_entropy_with_logits(head(hidden[at]).squeeze(-1), target[at])
     if variant == "resulttok":
         # also at the result token itself (one before the marker)
-        rt = torch.zeros_like(at); rt[:, :-1] = at[:, 1:]
-        tr = torch.full_like(target, -1.0); tr[:, :-1] = target[:, 1:]
+        rt = torch.zeros_like(at)
+        rt[:, :-1] = at[:, 1:]
+        tr = torch.full_like(target, -1.0)
+        tr[:, :-1] = target[:, 1:]
         check = check + F.binary_cross_entropy_with_logits(head(hidden[rt]).squeeze(-1), tr[rt])
     loss = lm + check
-    opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(params, 1.0); opt.step(); sched.step()
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
     if (s + 1) % 100 == 0:
         a = evaluate()
-        if variant == "resulttok" and (s + 1) == steps: model.save_pretrained(f"/tmp/cb/rt_s{seed}_{steps}")
-        print(f"step {s+1} lm {lm.item():.3f} rtd {check.item():.3f} held-out AUROC odd/even {a[0]:.3f}/{a[1]:.3f} ({time.perf_counter()-t0:.0f}s)", flush=True)
+        if variant == "resulttok" and (s + 1) == steps:
+            model.save_pretrained(f"/tmp/cb/rt_s{seed}_{steps}")
+        print(
+            f"step {s + 1} lm {lm.item():.3f} rtd {check.item():.3f} held-out AUROC odd/even {a[0]:.3f}/{a[1]:.3f} ({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
