@@ -418,3 +418,56 @@ def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkey
     assert called == []
     training.pretrain(replace(cfg, check_steps=2), w, tok, "<prm>", lambda line: None)
     assert called == [1]
+
+
+@pytest.mark.parametrize("marker_repeat", [1, 2])
+def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_repeat):
+    """Check pretraining draws replacements from the backbone's language model: each op
+    step's row is the model's softmax over the values at the position that predicts the
+    result (the error-free trace read alone), the true value removed and the rest
+    renormalised; packing the batch changes nothing, and a replacement drawn from a
+    proposal takes one of the values it allows."""
+    import torch
+
+    from betaprm.formatting import TraceFormat, encode_traces
+    from betaprm.synth.training import _lm_proposals, _replaced_trace
+    from betaprm.tiny import tiny_causal_lm
+
+    w = World()
+    problems = w.sample_problems(12, 4, "g")
+    tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
+    model.config.use_cache = False
+    fmt = TraceFormat(marker_repeat=marker_repeat)
+    marker = tok.convert_tokens_to_ids("<prm>")
+    props = _lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
+    numbers = tok.convert_tokens_to_ids([str(v) for v in range(w.M)])
+    texts_rng = np.random.default_rng(0)  # the same connectives as _lm_proposals wrote
+    for p, prop in zip(problems, props):
+        truth = p.true_values()
+        steps = w.step_texts(p, truth, 0, texts_rng)
+        (ids,) = encode_traces(tok, marker, [(p.question, steps)], fmt)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+        marks = [j for j, t in enumerate(ids) if t == marker][marker_repeat - 1 :: marker_repeat]
+        assert prop.shape == (p.T, w.M)
+        for s in range(p.T):
+            result = marks[s] - marker_repeat
+            assert ids[result] == numbers[truth[s]]
+            expect = torch.softmax(logits[result - 1, numbers], -1).numpy()
+            expect[truth[s]] = 0
+            np.testing.assert_allclose(prop[s], expect / expect.sum(), rtol=1e-4, atol=1e-9)
+    rng = np.random.default_rng(2)
+    only = np.zeros((problems[0].T, w.M))
+    truth = problems[0].true_values()
+    only[np.arange(problems[0].T), (np.array(truth) + 3) % w.M] = 1.0  # every proposal: the truth + 3
+    steps, flags = _replaced_trace(w, problems[0], rng, 1.0, only)
+    prev = problems[0].start
+    from betaprm.synth.world import parse_value
+
+    for s, (text, f) in enumerate(zip(steps, flags)):
+        v = parse_value(text)
+        want = problems[0].apply(s, prev)
+        assert v == (want + 3) % w.M if problems[0].ops[s][0] != "?" else v == want
+        assert f == (problems[0].ops[s][0] != "?")
+        prev = v

@@ -59,7 +59,11 @@ class DemoConfig:
         "PRM training: freeze the backbone's embeddings and bottom N layers (betaprm train --freeze-layers): "
         "cheaper steps; helped one seed of three in the probes of benchmarks/RESULTS.md",
     )
-    prm_lr: float = _f(1e-3, "PRM learning rate")
+    prm_lr: float = _f(
+        3e-4,
+        "PRM learning rate (1e-3 unlearned part of the step check that check pretraining gives the backbone: "
+        "benchmarks/RESULTS.md)",
+    )
     prm_weight_decay: float = _f(0.05, "PRM AdamW weight decay (betaprm train --weight-decay)")
     prm_schedule: str = _f(
         "cosine",

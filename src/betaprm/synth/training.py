@@ -103,15 +103,22 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     return model.cpu().eval()
 
 
-def _replaced_trace(world, problem, rng, rate):
+def _replaced_trace(world, problem, rng, rate, proposal=None):
     """A trace of ``problem`` whose verifiable results are each replaced, with probability
-    ``rate``, by another number (a uniform nonzero offset), the chain going on from the
-    written value as a policy's would: ``(step texts, replaced flag per op step)``."""
+    ``rate``, by another number, the chain going on from the written value as a policy's
+    would: ``(step texts, replaced flag per op step)``. The replacement of op step s is the
+    true result plus a nonzero offset: drawn from ``proposal[s]`` (a distribution over the
+    values, the true one at 0, see ``_lm_proposals``), or uniform without one."""
     values, flags, v = [], [], problem.start
+    true = problem.true_values() if proposal is not None else None
     for s in range(problem.T):
         c, f = int(problem.apply(s, v)), False
         if problem.ops[s][0] != "?" and rng.random() < rate:
-            c, f = (c + int(rng.integers(1, world.M))) % world.M, True
+            if proposal is None:
+                offset = int(rng.integers(1, world.M))
+            else:
+                offset = (int(rng.choice(world.M, p=proposal[s])) - true[s]) % world.M
+            c, f = (c + offset) % world.M, True
         values.append(c)
         flags.append(f)
         v = c
@@ -121,10 +128,46 @@ def _replaced_trace(world, problem, rng, rate):
 CHECK_REPLACE_RATE = 0.5  # share of verifiable results replaced in check pretraining (0.3 took off later)
 
 
+def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> list[np.ndarray]:
+    """ELECTRA's generator, from the backbone itself: per problem, a ``(T, M)`` array whose
+    row s is the language model's distribution over op step s's result on the problem's
+    error-free trace, the true value excluded (renormalised). Replacements drawn from it are
+    the values the model itself finds plausible there: once it has learned the parity of
+    the results, wrong values of the right parity, the errors a parity check cannot see.
+    Uniform replacements let the check stop at parity on one seed of three (still there
+    after 1,000 steps; benchmarks/RESULTS.md)."""
+    import torch
+
+    from ..formatting import encode_traces
+
+    texts = [world.step_texts(p, p.true_values(), 0, rng) for p in problems]
+    marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
+    ids = encode_traces(tokenizer, marker_id, [(p.question, t) for p, t in zip(problems, texts)], fmt)
+    # The detection target carries (trace, step) codes, so the packed order maps back.
+    codes = [[1000 * i + s for s in range(p.T)] for i, p in enumerate(problems)]
+    x, pos, _, target = _check_batch(ids, codes, marker_id, tokenizer.pad_token_id, fmt.marker_repeat)
+    rows, cols = (target >= 0).nonzero(as_tuple=True)
+    with torch.no_grad():
+        hidden = model.model(input_ids=x.to(device), position_ids=pos.to(device)).last_hidden_state
+        # The result sits marker_repeat tokens before its last marker; one more back predicts it.
+        logits = model.lm_head(hidden[rows.to(device), (cols - fmt.marker_repeat - 1).to(device)]).double().cpu()
+    number_ids = torch.tensor(tokenizer.convert_tokens_to_ids([str(v) for v in range(world.M)]))
+    logits = logits[:, number_ids]
+    out = [np.zeros((p.T, world.M)) for p in problems]
+    truths = [p.true_values() for p in problems]
+    for code, row in zip(target[rows, cols].long().tolist(), logits):
+        i, s = divmod(code, 1000)
+        row[truths[i][s]] = -float("inf")
+        prob = torch.softmax(row, -1).numpy()
+        out[i][s] = prob / prob.sum()
+    return out
+
+
 def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     """Replaced-result detection (ELECTRA's replaced-token detection, on results): the
     pretrained backbone goes on as a language model on traces whose verifiable results the
-    pretraining itself replaced (``_replaced_trace``; no MC counts and no world errors), and
+    pretraining itself replaced by values its own language model finds plausible there
+    (``_lm_proposals``, ``_replaced_trace``; no MC counts and no world errors), and
     a linear head on the final hidden state at each op step's marker (and at the result
     itself) learns whether that result was replaced. The head is dropped afterwards: what
     stays is a backbone that checks a step where the PRM reads it, as a pretrained LLM can
@@ -149,7 +192,8 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     t0 = time.perf_counter()
     for s in range(steps):
         chunk = problems[s * batch : (s + 1) * batch]
-        traces = [_replaced_trace(world, p, rng, CHECK_REPLACE_RATE) for p in chunk]
+        proposals = _lm_proposals(model, world, tokenizer, fmt, chunk, rng, device)
+        traces = [_replaced_trace(world, p, rng, CHECK_REPLACE_RATE, q) for p, q in zip(chunk, proposals)]
         ids = encode_traces(tokenizer, marker_id, [(p.question, t) for p, (t, _) in zip(chunk, traces)], fmt)
         x, pos, labels, target = _check_batch(ids, [f for _, f in traces], marker_id, pad, fmt.marker_repeat)
         x, pos, labels, target = x.to(device), pos.to(device), labels.to(device), target.to(device)
