@@ -152,14 +152,15 @@ def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> 
         # The result sits marker_repeat tokens before its last marker; one more back predicts it.
         logits = model.lm_head(hidden[rows.to(device), (cols - fmt.marker_repeat - 1).to(device)]).double().cpu()
     number_ids = torch.tensor(tokenizer.convert_tokens_to_ids([str(v) for v in range(world.M)]))
-    logits = logits[:, number_ids]
-    out = [np.zeros((p.T, world.M)) for p in problems]
+    trace, step = np.divmod(target[rows, cols].long().numpy(), 1000)
     truths = [p.true_values() for p in problems]
-    for code, row in zip(target[rows, cols].long().tolist(), logits):
-        i, s = divmod(code, 1000)
-        row[truths[i][s]] = -float("inf")
-        prob = torch.softmax(row, -1).numpy()
-        out[i][s] = prob / prob.sum()
+    truth = torch.tensor([truths[i][s] for i, s in zip(trace, step)])
+    logits = logits[:, number_ids]
+    logits[torch.arange(len(truth)), truth] = -float("inf")
+    prob = torch.softmax(logits, -1).numpy()
+    out = [np.zeros((p.T, world.M)) for p in problems]
+    for i, s, row in zip(trace, step, prob):
+        out[i][s] = row / row.sum()  # rng.choice wants a sum of 1 to float64 rounding
     return out
 
 
