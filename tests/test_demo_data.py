@@ -332,7 +332,7 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
     check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append)
     assert any("check pretraining step 3/3" in line and "replaced-result loss" in line for line in lines)
     assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items() if "layers.1." in k)
-    assert DemoConfig().effective().check_steps == 700 and DemoConfig(quick=True).effective().check_steps == 100
+    assert DemoConfig().effective().check_steps == 1000 and DemoConfig(quick=True).effective().check_steps == 100
     assert DemoConfig(check_steps=0).effective().check_steps == 0  # 0 turns it off, even for a preset
     with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
         DemoConfig(check_steps=-1)

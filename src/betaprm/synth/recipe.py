@@ -48,7 +48,7 @@ class DemoConfig:
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
     check_steps: int | None = _f(
         None,
-        "steps of check pretraining after the language modelling (700; --quick 100; 0: none): the backbone also "
+        "steps of check pretraining after the language modelling (1000; --quick 100; 0: none): the backbone also "
         "learns to spot results that the pretraining replaced (ELECTRA-style, no MC counts), as a pretrained LLM "
         "can check arithmetic; from MC counts alone the PRMs learn that check only with --long's budget",
     )
@@ -182,7 +182,7 @@ BASE = dict(
     n_val_problems=300,
     n_test_problems=1000,
     pretrain_tokens=1_000_000,
-    check_steps=700,  # LM-drawn replacements: default seed 1 formed the check by step 600-800 of 1,000
+    check_steps=1000,  # with LM-drawn replacements the check formed by step 600-800 (700 steps: not on seed 0)
     prm_steps=1000,
     train_near_miss=0.3,
     hidden_size=96,
