@@ -4,6 +4,7 @@
 # Known flaw, found after the run: gen_traces reads the proposals in packed-row order (_check_batch packs
 # first-fit decreasing), not trace order, so a step got the LM distribution of another step. The demo's
 # _lm_proposals maps them back (tested in tests/test_demo_data.py).
+# Variant gen2 (added after): the demo's own _lm_proposals and _replaced_trace, order mapped back.
 """check-phase variants on the demo backbone: held-out replaced-result detection AUROC (odd/even offsets)."""
 
 import os, sys, time
@@ -145,7 +146,15 @@ problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
 t0 = time.perf_counter()
 for s in range(steps):
     chunk = problems[s * batch : (s + 1) * batch]
-    if variant == "gen":
+    if variant == "gen2":
+        props = T._lm_proposals(model, world, tok, fmt, chunk, rng)
+        traces = [T._replaced_trace(world, p, rng, rate, q) for p, q in zip(chunk, props)]
+    elif variant == "mix":
+        props = T._lm_proposals(model, world, tok, fmt, chunk, rng)
+        traces = [
+            T._replaced_trace(world, p, rng, rate, q if i % 2 else None) for i, (p, q) in enumerate(zip(chunk, props))
+        ]
+    elif variant == "gen":
         traces = gen_traces(chunk, rng, rate)
     else:
         traces = [T._replaced_trace(world, p, rng, rate) for p in chunk]
@@ -156,7 +165,7 @@ for s in range(steps):
     lm = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
     at = target >= 0
     check = F.binary_cross_entropy_with_logits(head(hidden[at]).squeeze(-1), target[at])
-    if variant in ("resulttok", "gen"):
+    if variant in ("resulttok", "gen", "gen2", "mix"):
         # also at the result token itself (one before the marker)
         rt = torch.zeros_like(at)
         rt[:, :-1] = at[:, 1:]
@@ -171,7 +180,7 @@ for s in range(steps):
     sched.step()
     if (s + 1) % 100 == 0:
         a = evaluate()
-        if variant in ("resulttok", "gen") and (s + 1) == steps:
+        if variant in ("resulttok", "gen", "gen2", "mix") and (s + 1) == steps:
             model.save_pretrained(f"/tmp/cb/{variant}{TAG}_s{seed}_{steps}")
         print(
             f"step {s + 1} lm {lm.item():.3f} rtd {check.item():.3f} held-out AUROC odd/even {a[0]:.3f}/{a[1]:.3f} ({time.perf_counter() - t0:.0f}s)",
