@@ -263,3 +263,18 @@ def test_partial_check_observer_matches_brute_force():
     assert checked > 300
     with pytest.raises(ValueError, match="divide the modulus 6"):
         w.bayes_belief(p, tr.values, check_mod=4)
+
+
+def test_mc_label_speed_benchmark(capsys):
+    """benchmarks/mc_label_speed.py runs both paths and finds the same counts."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "mc_label_speed", Path(__file__).parents[1] / "benchmarks" / "mc_label_speed.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--problems", "10", "--rounds", "1", "--mc-n", "4"])
+    out = capsys.readouterr().out
+    assert "counts identical" in out and "generic" in out and "fast" in out
