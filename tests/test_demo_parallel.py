@@ -1,6 +1,6 @@
 """The demo trains its two PRMs, and scores its pools with them, at the same time in two
-worker processes on CPU: the same PRMs and scores as one after the other in this process
-with the same thread count."""
+worker processes on CPU, and runs ACA's variants two at a time: the same PRMs, scores and
+ACA table as one after the other in this process with the same thread count."""
 
 import json
 import shutil
@@ -9,9 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from transformers import PreTrainedTokenizerFast
 
+from betaprm.selectors import tune_selectors
 from betaprm.synth import World
-from betaprm.synth.experiment import demo_data
+from betaprm.synth.experiment import aca_table, demo_data
 from betaprm.synth.recipe import DemoConfig
 from betaprm.synth.training import PRM_JOBS, build_backbone, train_prms
 
@@ -27,7 +29,7 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
         prm_steps=4,
         prm_batch=8,
     ).effective()
-    traces, records, val_pools, *_ = demo_data(world, eff, seed=3)
+    traces, records, val_pools, test_pools, _ = demo_data(world, eff, seed=3)
     to_score = [(p.problem.question, t.steps) for p in val_pools for t in p.traces]
     par, seq = tmp_path / "par", tmp_path / "seq"
     par.mkdir()
@@ -58,6 +60,27 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
             assert len(scores[name]) == len(to_score) == 32
             for a, b in zip(ref_scores, scores[name]):  # the worker's scores, in order
                 assert np.array_equal(a.mu, b.mu) and np.array_equal(a.kappa, b.kappa)
+        # ACA's four variants: two worker processes of one thread against this process.
+        k = eff.n_candidates
+        tuned = tune_selectors(
+            [scores["betaprm"][i * k : (i + 1) * k] for i in range(len(val_pools))],
+            [p.answers for p in val_pools],
+            [p.correct for p in val_pools],
+        )
+        tok = PreTrainedTokenizerFast.from_pretrained(par / "backbone")
+        hits = np.ones(len(test_pools))
+        got_table, got_points = aca_table(world, test_pools, hits, {}, tuned, tok, 3, run_dir=par, threads=2)
+        ref_table, ref_points = aca_table(world, test_pools, hits, ref_models, tuned, tok, 3)
+        assert got_table == ref_table and got_points == ref_points
+        assert list(got_table)[:6] == [
+            "vanilla_bon",
+            "aca",
+            "aca_lin",
+            "aca_no_early_stop",
+            "aca_reward_only",
+            "aca_proxy",
+        ]
+        assert got_table["aca_no_early_stop"]["mean_pool_size"] == k  # the variants are not all the same run
     finally:
         torch.set_num_threads(threads)
     assert "at the same time, 1 thread each" in lines[-1] and lines[-1].startswith("scored 64 candidates")

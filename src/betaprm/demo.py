@@ -162,7 +162,19 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     aca = None
     if eff.aca:
         t0 = time.perf_counter()
-        aca = aca_table(world, test_pools, hits["betaprm_rb"], models, tuned, tokenizer, cfg.seed)
+        # On CPU the variants run two at a time in worker processes, as the PRMs train.
+        parallel = eff.parallel_prms and device == "cpu"
+        aca = aca_table(
+            world,
+            test_pools,
+            hits["betaprm_rb"],
+            models,
+            tuned,
+            tokenizer,
+            cfg.seed,
+            run_dir=out if parallel else None,
+            threads=torch.get_num_threads(),
+        )
         results["aca"] = aca[0]
         log(f"ACA: 4 variants on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
     results["seconds"] = round(time.perf_counter() - t_start, 1)

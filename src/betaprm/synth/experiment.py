@@ -7,6 +7,7 @@ Everything here is deterministic in the seed (``split_seeds``), so a later scrip
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -131,24 +132,66 @@ def demo_data(world: World, recipe, seed: int) -> DemoData:
     return DemoData(train_traces, train_records, val_pools, test_pools, held_records)
 
 
-def aca_table(
-    world: World, test_pools: list[Pool], vanilla_hits: np.ndarray, models: dict, tuned: dict, tokenizer, seed: int
-) -> tuple[dict, dict]:
-    """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
-    pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
-    and its ablations, each with accuracy, CI and generated tokens. Returns the table and
-    the (tokens, accuracy) point of each variant for the plot."""
-    from ..aca import ACAConfig, run_aca, summarize
-    from ..evaluation.metrics import bootstrap_ci
+def _aca_variant(world: World, problems, prm, acfg, tokenizer, seed: int) -> list[dict]:
+    """One ACA variant's records on ``problems``: its own policy from the run's ACA seed, so
+    a variant's result does not depend on which variants ran before it or where."""
+    from ..aca import run_aca
     from ..scoring import PRMScorer
-    from ..selection import candidate_scores
-    from ..types import StepScores
     from .policy import synth_answer, synth_is_correct, synth_tasks
 
     def count(text):
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    tasks = synth_tasks([p.problem for p in test_pools])
+    policy = SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count)
+    return run_aca(
+        synth_tasks(problems), policy, PRMScorer(prm, 64), acfg, synth_answer, synth_is_correct, progress=False
+    )
+
+
+def _aca_variant_job(world_cfg, problems, prm_dir: str, acfg, tokenizer_dir: str, seed: int, threads: int):
+    """``_aca_variant`` in a worker process with ``threads`` torch threads, the PRM and the
+    tokenizer loaded from the run's folder."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    from ..model import BetaPRM
+
+    torch.set_num_threads(threads)
+    hf_logging.set_verbosity_error()
+    prm = BetaPRM.from_pretrained(prm_dir, device="cpu").eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    return _aca_variant(World(world_cfg), problems, prm, acfg, tokenizer, seed)
+
+
+def aca_table(
+    world: World,
+    test_pools: list[Pool],
+    vanilla_hits: np.ndarray,
+    models: dict,
+    tuned: dict,
+    tokenizer,
+    seed: int,
+    run_dir=None,
+    threads: int = 1,
+) -> tuple[dict, dict]:
+    """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
+    pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
+    and its ablations, each with accuracy, CI and generated tokens. Returns the table and
+    the (tokens, accuracy) point of each variant for the plot.
+
+    With ``run_dir`` (the demo's folder: the PRMs in ``run_dir/NAME``, the tokenizer in
+    ``run_dir/backbone``) and ``threads`` >= 2, the variants run two at a time in worker
+    processes with half the threads each, as the PRMs train: on the 2-core CPU the policy's
+    Python and the small model's scoring keep one thread each busier than two threads one
+    process. Each variant draws from its own policy, so the records equal a sequential
+    run's at the workers' thread count."""
+    from ..aca import ACAConfig, summarize
+    from ..evaluation.metrics import bootstrap_ci
+    from ..selection import candidate_scores
+    from ..types import StepScores
+
+    problems = [p.problem for p in test_pools]
     rb = dict(final="rb", final_lam=tuned["rb"].lam, final_tau=tuned["rb"].tau, seed=seed)
     # BetaPRM's ACA with S_RB as the final choice (the paper's main table); the standard
     # PRM's variants rank with S_lin of their own sigma (the paper's ablation).
@@ -158,7 +201,41 @@ def aca_table(
         "aca_reward_only": ("standard_prm", ACAConfig(uncertainty="none", final="lin", seed=seed)),
         "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
     }
-    pool_tokens = [[sum(count(st) for st in t.steps) for t in p.traces] for p in test_pools]
+    if run_dir is not None and threads >= 2:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from pathlib import Path
+
+        from .training import exit_with_parent
+
+        # The longest variant (no early stop: every problem to the full budget) first.
+        order = sorted(variants, key=lambda name: name != "aca_no_early_stop")
+        with ProcessPoolExecutor(
+            2, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent, initargs=(os.getpid(),)
+        ) as ex:
+            futures = {
+                name: ex.submit(
+                    _aca_variant_job,
+                    world.cfg,
+                    problems,
+                    str(Path(run_dir) / variants[name][0]),
+                    variants[name][1],
+                    str(Path(run_dir) / "backbone"),
+                    seed,
+                    threads // 2,
+                )
+                for name in order
+            }
+            records = {name: futures[name].result() for name in variants}
+    else:
+        records = {
+            name: _aca_variant(world, problems, models[model], acfg, tokenizer, seed)
+            for name, (model, acfg) in variants.items()
+        }
+    pool_tokens = [
+        [sum(len(tokenizer.encode(st, add_special_tokens=False)) for st in t.steps) for t in p.traces]
+        for p in test_pools
+    ]
     table = {
         "vanilla_bon": {
             "acc": float(vanilla_hits.mean()),
@@ -167,11 +244,7 @@ def aca_table(
         }
     }
     points = {}
-    for name, (model, acfg) in variants.items():
-        policy = SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count)
-        recs = run_aca(
-            tasks, policy, PRMScorer(models[model], 64), acfg, synth_answer, synth_is_correct, progress=False
-        )
+    for name, recs in records.items():
         hit = np.array([float(r["correct"]) for r in recs])
         summ = summarize(recs)
         tokens = summ["tokens"]
