@@ -79,6 +79,12 @@ def test_presets_change_defaults_and_keep_explicit_settings():
         base.train_near_miss,
     ) == (12_000, 1000, 96, 8, 1000, 0.3)
     assert (base.intermediate_size, long.intermediate_size) == (192, 384)
+    # the default freezes half the backbone's layers in PRM training, --quick one of its three, --long none
+    assert (base.prm_freeze_layers, DemoConfig(quick=True).effective().prm_freeze_layers) == (4, 1)
+    assert long.prm_freeze_layers == 0
+    with pytest.raises(BetaPRMInputError, match="prm_freeze_layers 4 > num_layers 3"):
+        DemoConfig(num_layers=3).effective()  # said before any work, not when the PRMs start training
+    assert DemoConfig(num_layers=3, prm_freeze_layers=2).effective().prm_freeze_layers == 2
     assert base.effective() == base
     # on a GPU the default run is the long recipe; --quick stays quick (torch sees no GPU
     # here, so the device is pinned through the one method that asks torch)

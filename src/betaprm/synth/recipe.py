@@ -54,15 +54,16 @@ class DemoConfig:
     )
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1000; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
-    prm_freeze_layers: int = _f(
-        0,
-        "PRM training: freeze the backbone's embeddings and bottom N layers (betaprm train --freeze-layers): "
-        "cheaper steps; helped one seed of three in the probes of benchmarks/RESULTS.md",
+    prm_freeze_layers: int | None = _f(
+        None,
+        "PRM training: freeze the backbone's embeddings and bottom N layers (4; --quick 1, --long 0; betaprm train "
+        "--freeze-layers): no backward pass through them, so a step costs about two thirds; the step check "
+        "that check pretraining puts in the backbone stays (benchmarks/RESULTS.md)",
     )
-    prm_lr: float = _f(
-        3e-4,
-        "PRM learning rate (1e-3 unlearned part of the step check that check pretraining gives the backbone: "
-        "benchmarks/RESULTS.md)",
+    prm_lr: float | None = _f(
+        None,
+        "PRM learning rate (0.001; --long 0.0003: fine-tuning the whole backbone at 0.001 unlearned part of the step "
+        "check that check pretraining gives it, which the default's frozen bottom layers keep; benchmarks/RESULTS.md)",
     )
     prm_weight_decay: float = _f(0.05, "PRM AdamW weight decay (betaprm train --weight-decay)")
     prm_schedule: str = _f(
@@ -137,7 +138,7 @@ class DemoConfig:
         # Checked here, not minutes later when the PRMs start training.
         if self.check_steps is not None and self.check_steps < 0:
             bad.append(f"check_steps must be >= 0, got {self.check_steps}")
-        if self.prm_freeze_layers < 0:
+        if self.prm_freeze_layers is not None and self.prm_freeze_layers < 0:
             bad.append(f"prm_freeze_layers must be >= 0, got {self.prm_freeze_layers}")
         if self.prm_weight_decay < 0:
             bad.append(f"prm_weight_decay must be >= 0, got {self.prm_weight_decay}")
@@ -173,7 +174,13 @@ class DemoConfig:
         or ``--long`` if one is on, else the default recipe's; a setting given is kept, even
         when it equals the default recipe's."""
         preset = {**BASE, **PRESETS.get(self.recipe(), {})}
-        return replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+        eff = replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
+        if not eff.backbone and eff.prm_freeze_layers > eff.num_layers:
+            raise BetaPRMInputError(
+                f"bad demo configuration: prm_freeze_layers {eff.prm_freeze_layers} > num_layers {eff.num_layers}; "
+                f"freeze at most {eff.num_layers} (--prm-freeze-layers)"
+            )
+        return eff
 
 
 # The default recipe's values of the settings that the presets change.
@@ -184,6 +191,8 @@ BASE = dict(
     pretrain_tokens=1_000_000,
     check_steps=1000,  # with LM-drawn replacements the check formed by step 600-800 (700 steps: not on seed 0)
     prm_steps=1000,
+    prm_freeze_layers=4,
+    prm_lr=1e-3,
     train_near_miss=0.3,
     hidden_size=96,
     num_layers=8,
@@ -198,8 +207,9 @@ PRESETS = {
         check_steps=100,
         prm_steps=120,
         num_layers=3,
+        prm_freeze_layers=1,
     ),
     # Found with benchmarks/probe_sweep.sh on a GPU: the smallest budget seen to learn the
     # mod-5 half of the step check, not only parity.
-    "long": dict(prm_steps=6600, intermediate_size=384),
+    "long": dict(prm_steps=6600, intermediate_size=384, prm_freeze_layers=0, prm_lr=3e-4),
 }
