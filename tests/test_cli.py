@@ -184,6 +184,8 @@ def test_demo_quick_end_to_end(tmp_path):
                 str(tmp_path / name),
                 "--backbone",
                 str(tmp_path / "d" / "backbone"),
+                "--prm-freeze-layers",  # the quick backbone has 3 layers, the default recipe freezes 4
+                "1",
                 "--n-train-problems",
                 "40",
                 "--prm-steps",

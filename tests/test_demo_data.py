@@ -477,3 +477,21 @@ def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_re
         assert v == (want + 3) % w.M if problems[0].ops[s][0] != "?" else v == want
         assert f == (problems[0].ops[s][0] != "?")
         prev = v
+
+
+def test_a_reused_backbone_too_shallow_for_the_frozen_layers_is_refused_before_training(tmp_path):
+    from betaprm.synth.training import build_backbone
+
+    from .helpers import make_lm_dir
+
+    lm = make_lm_dir(tmp_path / "lm", layers=2)
+    cfg = DemoConfig(backbone=str(lm), out=str(tmp_path / "out"))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(
+        BetaPRMInputError, match=r"--prm-freeze-layers 4: the backbone .* has 2 layers; freeze at most 2"
+    ):
+        build_backbone(cfg, cfg.effective(), World(), [], tmp_path / "out", lambda *a: None)
+    _, _, eff = build_backbone(
+        cfg, replace(cfg.effective(), prm_freeze_layers=2), World(), [], tmp_path / "out", lambda *a: None
+    )
+    assert eff.num_layers == 2

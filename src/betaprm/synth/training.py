@@ -294,6 +294,11 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
             num_layers=backbone.config.num_hidden_layers,
             intermediate_size=backbone.config.intermediate_size,
         )
+        if (eff.prm_freeze_layers or 0) > eff.num_layers:
+            raise BetaPRMInputError(
+                f"--prm-freeze-layers {eff.prm_freeze_layers}: the backbone {cfg.backbone} has {eff.num_layers} "
+                f"layers; freeze at most {eff.num_layers}"
+            )
         log(f"backbone: reusing {cfg.backbone}")
     else:
         # One token per word of the traces as the PRM sees them ("Question:", connectives,
