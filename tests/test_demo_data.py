@@ -356,7 +356,7 @@ def test_pretraining_keeps_packed_traces_apart():
     w = World()
     problems = w.sample_problems(6, 3, "c")
     tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
-    cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_tokens=500, check_steps=1)
+    cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_steps=1, check_steps=1)
     model = pretrain(cfg, w, tok, "<prm>", lambda line: None)
     assert model.config.use_cache is False
     marker = tok.convert_tokens_to_ids("<prm>")
@@ -419,7 +419,7 @@ def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkey
         assert at_result[r].nonzero().flatten().tolist() == [m - 1 for m in marks[0:-2:2]]
     called = []
     monkeypatch.setattr(training, "check_pretrain", lambda *a, **k: called.append(1))
-    cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_tokens=300)
+    cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_steps=1)
     training.pretrain(replace(cfg, check_steps=0), w, tok, "<prm>", lambda line: None)
     assert called == []
     training.pretrain(replace(cfg, check_steps=2), w, tok, "<prm>", lambda line: None)

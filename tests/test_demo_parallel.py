@@ -25,7 +25,7 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
         n_train_problems=40,
         n_val_problems=2,
         n_test_problems=2,
-        pretrain_tokens=5000,
+        pretrain_steps=2,
         prm_steps=4,
         prm_batch=8,
     ).effective()

@@ -44,7 +44,11 @@ class DemoConfig:
         "tie the backbone's output layer to its input embeddings: the written result and the predicted one in one "
         "space, which the PRMs' step check learns faster from (see benchmarks/RESULTS.md)",
     )
-    pretrain_tokens: int | None = _f(None, "language-model pretraining budget in tokens (1000000; --quick 200000)")
+    pretrain_steps: int | None = _f(
+        None,
+        "language-model pretraining steps of 32 error-free traces (450; --quick 90): steps, not tokens, so that "
+        "longer chains do not get fewer (benchmarks/RESULTS.md)",
+    )
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
     check_steps: int | None = _f(
         None,
@@ -123,7 +127,7 @@ class DemoConfig:
                 "hidden_size",
                 "num_layers",
                 "intermediate_size",
-                "pretrain_tokens",
+                "pretrain_steps",
                 "prm_steps",
                 "prm_batch",
             )
@@ -188,7 +192,7 @@ BASE = dict(
     n_train_problems=12_000,
     n_val_problems=300,
     n_test_problems=1000,
-    pretrain_tokens=1_000_000,
+    pretrain_steps=450,  # about 1M tokens on the default world
     check_steps=1000,  # with LM-drawn replacements the check formed by step 600-800 (700 steps: not on seed 0)
     prm_steps=1000,
     prm_freeze_layers=4,
@@ -203,7 +207,7 @@ PRESETS = {
         n_train_problems=500,
         n_val_problems=60,
         n_test_problems=150,
-        pretrain_tokens=200_000,
+        pretrain_steps=90,
         check_steps=100,
         prm_steps=120,
         num_layers=3,
