@@ -335,13 +335,48 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
     model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lines = []
-    check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append)
-    assert any("check pretraining step 3/3" in line and "replaced-result loss" in line for line in lines)
+    assert check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append) == 3
+    assert any("check pretraining step 3 (of at most 3)" in line and "replaced-result loss" in line for line in lines)
     assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items() if "layers.1." in k)
-    assert DemoConfig().effective().check_steps == 1000 and DemoConfig(quick=True).effective().check_steps == 100
+    assert DemoConfig().effective().check_steps == 2000 and DemoConfig(quick=True).effective().check_steps == 100
     assert DemoConfig(check_steps=0).effective().check_steps == 0  # 0 turns it off, even for a preset
     with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
         DemoConfig(check_steps=-1)
+
+
+def test_check_pretraining_stops_once_the_check_has_formed(monkeypatch):
+    """The learning rate stays up until the replaced-result loss over the last
+    ``CHECK_WINDOW`` steps is under ``check_until``, then decays over ``check_decay_steps``
+    to 0, and check pretraining ends there; a check that never forms runs the full
+    ``check_steps``, decaying over its last ``check_decay_steps``."""
+    import torch
+
+    from betaprm.formatting import TraceFormat
+    from betaprm.synth import training
+    from betaprm.tiny import tiny_causal_lm
+
+    sched = training._check_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 2, 4)
+    lrs = [sched.factor(s) for s in range(6)]
+    assert lrs == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]  # warm-up, then constant while nothing has formed
+    sched.decay_from = 3
+    lrs = [sched.factor(s) for s in range(9)]
+    assert lrs[:3] == [0.5, 1.0, 1.0] and lrs[3] == 1.0 and lrs[3:8] == sorted(lrs[3:8], reverse=True)
+    assert lrs[7] == pytest.approx(0.0) and lrs[8] == pytest.approx(0.0)
+
+    w = World()
+    problems = w.sample_problems(5, 3, "c")
+    tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    monkeypatch.setattr(training, "CHECK_WINDOW", 2)
+    for until, want, said in [(100.0, 2 + 3, "the check formed by step 2"), (0.0, 8, "has not formed by step 5")]:
+        cfg = DemoConfig(quick=True, check_steps=8, check_decay_steps=3, check_until=until).effective()
+        model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
+        lines = []
+        assert training.check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append) == want
+        assert any(said in line and "decays over 3 steps" in line for line in lines), lines
+    with pytest.raises(BetaPRMInputError, match="check_decay_steps must be >= 1"):
+        DemoConfig(check_decay_steps=0)
+    with pytest.raises(BetaPRMInputError, match="check_until must be >= 0"):
+        DemoConfig(check_until=-0.1)
 
 
 def test_pretraining_keeps_packed_traces_apart():
@@ -357,7 +392,8 @@ def test_pretraining_keeps_packed_traces_apart():
     problems = w.sample_problems(6, 3, "c")
     tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
     cfg = replace(DemoConfig(quick=True).effective(), hidden_size=32, num_layers=2, pretrain_steps=1, check_steps=1)
-    model = pretrain(cfg, w, tok, "<prm>", lambda line: None)
+    model, checked = pretrain(cfg, w, tok, "<prm>", lambda line: None)
+    assert checked == 1
     assert model.config.use_cache is False
     marker = tok.convert_tokens_to_ids("<prm>")
     ids = encode_traces(

@@ -92,9 +92,8 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
         if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
             log(f"  pretraining step {s + 1}/{steps}  loss {loss.item():.3f}  ({time.perf_counter() - t0:.0f}s)")
     log(f"  pretrained on {n_tokens / 1e6:.2f}M tokens")
-    if cfg.check_steps:
-        check_pretrain(model, cfg, world, tokenizer, fmt, log, device)
-    return model.cpu().eval()
+    checked = check_pretrain(model, cfg, world, tokenizer, fmt, log, device) if cfg.check_steps else 0
+    return model.cpu().eval(), checked
 
 
 def _replaced_trace(world, problem, rng, rate, proposal=None):
@@ -120,6 +119,7 @@ def _replaced_trace(world, problem, rng, rate, proposal=None):
 
 
 CHECK_REPLACE_RATE = 0.5  # share of verifiable results replaced in check pretraining (0.3 took off later)
+CHECK_WINDOW = 100  # steps over which check pretraining's loss says whether the check has formed
 
 
 def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> list[np.ndarray]:
@@ -158,7 +158,27 @@ def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> 
     return out
 
 
-def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
+def _check_schedule(opt, warmup, decay):
+    """Warm-up, then a constant learning rate until ``.decay_from`` is set, then cosine
+    decay to 0 over ``decay`` steps (a warmup-stable-decay schedule): check pretraining
+    runs until the check has formed, which takes a different number of steps on each seed."""
+    import torch
+
+    class Schedule(torch.optim.lr_scheduler.LambdaLR):
+        decay_from = None
+
+        def __init__(self):
+            super().__init__(opt, self.factor)
+
+        def factor(self, s):
+            if self.decay_from is None or s < self.decay_from:
+                return min(1.0, (s + 1) / warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(s - self.decay_from, decay) / decay))
+
+    return Schedule()
+
+
+def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     """Replaced-result detection (ELECTRA's replaced-token detection, on results): the
     pretrained backbone goes on as a language model on traces whose verifiable results the
     pretraining itself replaced by values its own language model finds plausible there
@@ -167,7 +187,14 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     itself) learns whether that result was replaced. The head is dropped afterwards: what
     stays is a backbone that checks a step where the PRM reads it, as a pretrained LLM can
     check arithmetic. A PRM learns that check from MC counts alone far more slowly
-    (benchmarks/RESULTS.md)."""
+    (benchmarks/RESULTS.md).
+
+    The check forms suddenly (the replaced-result loss falls from the parity plateau, about
+    0.35, to under 0.05 within 100-200 steps), and when it does differs from seed to seed:
+    step 600 on one, after step 1,000 on another (benchmarks/RESULTS.md). So the learning
+    rate stays up until the loss at the marker, over the last ``CHECK_WINDOW`` steps, is
+    under ``cfg.check_until``, then decays over ``cfg.check_decay_steps``; at most
+    ``cfg.check_steps`` steps in all. Returns the number of steps taken."""
     import torch
     import torch.nn.functional as F
 
@@ -178,14 +205,17 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
     head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
     params = list(model.parameters()) + list(head.parameters())
     steps, batch = cfg.check_steps, 32
+    decay = max(1, min(cfg.check_decay_steps, steps))
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
-    sched = _warmup_cosine(opt, steps)
+    sched = _check_schedule(opt, warmup=max(1, min(50, steps // 20)), decay=decay)
     rng = np.random.default_rng(cfg.seed + 2002)
     problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
     marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
     pad = tokenizer.pad_token_id
+    recent: list[float] = []
     t0 = time.perf_counter()
-    for s in range(steps):
+    s = 0
+    while s < steps and (sched.decay_from is None or s < sched.decay_from + decay):
         chunk = problems[s * batch : (s + 1) * batch]
         proposals = _lm_proposals(model, world, tokenizer, fmt, chunk, rng, device)
         traces = [_replaced_trace(world, p, rng, CHECK_REPLACE_RATE, q) for p, q in zip(chunk, proposals)]
@@ -209,12 +239,24 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu"):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        if (s + 1) % max(1, steps // 5) == 0 or s + 1 == steps:
+        s += 1
+        recent = (recent + [check.item()])[-CHECK_WINDOW:]
+        if sched.decay_from is None:
+            formed = len(recent) == CHECK_WINDOW and sum(recent) / CHECK_WINDOW < cfg.check_until
+            if formed or s == steps - decay:
+                sched.decay_from = s
+                log(
+                    f"  check pretraining: {'the check formed' if formed else 'the check has not formed'} by step "
+                    f"{s} (replaced-result loss {sum(recent) / len(recent):.3f} over the last {len(recent)} "
+                    f"steps); the learning rate decays over {decay} steps"
+                )
+        if s % max(1, min(steps, 1000) // 5) == 0 or s == steps or s == (sched.decay_from or -1) + decay:
             log(
-                f"  check pretraining step {s + 1}/{steps}  LM loss {lm.item():.3f}  replaced-result loss "
+                f"  check pretraining step {s} (of at most {steps})  LM loss {lm.item():.3f}  replaced-result loss "
                 f"{check.item():.3f} at the marker, {check_result.item():.3f} at the result  "
                 f"({time.perf_counter() - t0:.0f}s)"
             )
+    return s
 
 
 def _at_results(target, marker_repeat=1):
@@ -301,7 +343,7 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
         texts = [format_trace(t.problem.question, t.steps).replace(marker, " ") for t in train_traces[:2000]]
         tokenizer = word_tokenizer(texts, words=[str(v) for v in range(world.M)])
         tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
-        backbone = pretrain(eff, world, tokenizer, marker, log, device)
+        backbone, checked = pretrain(eff, world, tokenizer, marker, log, device)
     backbone.save_pretrained(out / "backbone")
     tokenizer.save_pretrained(out / "backbone")
     n_params = sum(p.numel() for p in backbone.parameters())
@@ -309,7 +351,7 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
         f"from {cfg.backbone}"
         if cfg.backbone
         else f"pretrained for {eff.pretrain_steps} steps on error-free traces"
-        + (f", then {eff.check_steps} steps of replaced-result detection" if eff.check_steps else "")
+        + (f", then {checked} steps of replaced-result detection" if eff.check_steps else "")
     )
     log(
         f"backbone: Llama {eff.hidden_size}x{eff.num_layers} ({n_params / 1e6:.2f}M parameters, vocabulary "
