@@ -250,7 +250,8 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
                     f"{s} (replaced-result loss {sum(recent) / len(recent):.3f} over the last {len(recent)} "
                     f"steps); the learning rate decays over {decay} steps"
                 )
-        if s % max(1, min(steps, 1000) // 5) == 0 or s == steps or s == (sched.decay_from or -1) + decay:
+        ended = s == steps or (sched.decay_from is not None and s == sched.decay_from + decay)
+        if s % max(1, min(steps, 1000) // 5) == 0 or ended:
             log(
                 f"  check pretraining step {s} (of at most {steps})  LM loss {lm.item():.3f}  replaced-result loss "
                 f"{check.item():.3f} at the marker, {check_result.item():.3f} at the result  "
