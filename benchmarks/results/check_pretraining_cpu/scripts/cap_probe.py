@@ -32,9 +32,15 @@ steps = int(os.environ.get("STEPS", "1000"))
 check_world = World(replace(wcfg, min_ops=min(wcfg.min_ops, cap), max_ops=min(wcfg.max_ops, cap))) if cap else world
 fmt = TraceFormat(marker="<prm>", marker_repeat=cfg.marker_repeat)
 precap = int(os.environ.get("PRECAP", "0"))  # language-model pretraining on chains of at most PRECAP op steps too
-pre = Path(f"/tmp/cb/pre_{Path(os.environ['WORLD']).stem}_s{seed}" + (f"_cap{precap}" if precap else "") + (f"_tok{pretokens}" if pretokens else ""))
+pre = Path(
+    f"/tmp/cb/pre_{Path(os.environ['WORLD']).stem}_s{seed}"
+    + (f"_cap{precap}" if precap else "")
+    + (f"_tok{pretokens}" if pretokens else "")
+)
 if not (pre / "config.json").exists():
-    pre_world = World(replace(wcfg, min_ops=min(wcfg.min_ops, precap), max_ops=min(wcfg.max_ops, precap))) if precap else world
+    pre_world = (
+        World(replace(wcfg, min_ops=min(wcfg.min_ops, precap), max_ops=min(wcfg.max_ops, precap))) if precap else world
+    )
     m = T.pretrain(replace(cfg, check_steps=0), pre_world, tok, "<prm>", print)
     m.save_pretrained(pre)
 model = AutoModelForCausalLM.from_pretrained(pre).train()
@@ -45,13 +51,15 @@ erng = np.random.default_rng(999)
 
 
 def replaced_with_offsets(p, rng, rate):
-    values, flags, offs, v = [], [], [], p.start
+    values, offs, v = [], [], p.start
     for s in range(p.T):
         c, o = int(p.apply(s, v)), 0
         if p.ops[s][0] != "?" and rng.random() < rate:
             o = int(rng.integers(1, world.M))
             c = (c + o) % world.M
-        values.append(c); offs.append(o); v = c
+        values.append(c)
+        offs.append(o)
+        v = c
     return world.step_texts(p, values, 0, rng), offs, p
 
 
@@ -71,7 +79,8 @@ def evaluate():
             at = target >= 0
             ss += head(h[at]).squeeze(-1).tolist()
             t = target[at].long()
-            oo += (t % 100).tolist(); vv += (t >= 100).tolist()
+            oo += (t % 100).tolist()
+            vv += (t >= 100).tolist()
     model.train()
     ss, offs, verif = np.array(ss), np.array(oo), np.array(vv)
     neg = (offs == 0) & verif
@@ -104,11 +113,16 @@ for s in range(steps):
     at_r, tr = T._at_results(target, fmt.marker_repeat)
     check_r = F.binary_cross_entropy_with_logits(head(hidden[at_r]).squeeze(-1), tr)
     loss = lm + check + check_r
-    opt.zero_grad(); loss.backward()
+    opt.zero_grad()
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
-    opt.step(); sched.step()
+    opt.step()
+    sched.step()
     tt += time.perf_counter() - t1
     if (s + 1) % 100 == 0:
         a = evaluate()
-        print(f"step {s + 1} lm {lm.item():.3f} check {check.item():.3f}/{check_r.item():.3f} held-out AUROC odd/even {a[0]:.3f}/{a[1]:.3f} (train {tt:.0f}s)", flush=True)
+        print(
+            f"step {s + 1} lm {lm.item():.3f} check {check.item():.3f}/{check_r.item():.3f} held-out AUROC odd/even {a[0]:.3f}/{a[1]:.3f} (train {tt:.0f}s)",
+            flush=True,
+        )
 model.save_pretrained(f"/tmp/cb/cap{cap}_pre{precap}_tok{pretokens}_{Path(os.environ['WORLD']).stem}_s{seed}_{steps}")
