@@ -367,12 +367,20 @@ def test_check_pretraining_stops_once_the_check_has_formed(monkeypatch):
     problems = w.sample_problems(5, 3, "c")
     tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
     monkeypatch.setattr(training, "CHECK_WINDOW", 2)
+    schedule = training._check_schedule
     for until, want, said in [(100.0, 2 + 3, "the check formed by step 2"), (0.0, 8, "has not formed by step 5")]:
         cfg = DemoConfig(quick=True, check_steps=8, check_decay_steps=3, check_until=until).effective()
         model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
         lines = []
         assert training.check_pretrain(model, cfg, w, tok, TraceFormat(), lines.append) == want
         assert any(said in line and "decays over 3 steps" in line for line in lines), lines
+    # No room to wait (check_steps <= check_decay_steps): a cosine decay over all of it.
+    made = []
+    monkeypatch.setattr(training, "_check_schedule", lambda *a, **k: made.append(schedule(*a, **k)) or made[-1])
+    cfg = DemoConfig(quick=True, check_steps=3, check_decay_steps=20).effective()
+    model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
+    assert training.check_pretrain(model, cfg, w, tok, TraceFormat(), lambda line: None) == 3
+    assert made[0].decay_from == 0 and made[0].factor(3) == pytest.approx(0.0)
     with pytest.raises(BetaPRMInputError, match="check_decay_steps must be >= 1"):
         DemoConfig(check_decay_steps=0)
     with pytest.raises(BetaPRMInputError, match="check_until must be >= 0"):

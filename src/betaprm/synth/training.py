@@ -11,6 +11,7 @@ together: each stage consumes what the one before it saves.
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import time
@@ -212,10 +213,13 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
     marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
     pad = tokenizer.pad_token_id
-    recent: list[float] = []
+    recent = collections.deque(maxlen=CHECK_WINDOW)
+    if decay >= steps:  # no room to wait for the check: decay from the start
+        sched.decay_from = 0
+    last = steps  # the step check pretraining ends at: sooner once the decay has started
     t0 = time.perf_counter()
     s = 0
-    while s < steps and (sched.decay_from is None or s < sched.decay_from + decay):
+    while s < last:
         chunk = problems[s * batch : (s + 1) * batch]
         proposals = _lm_proposals(model, world, tokenizer, fmt, chunk, rng, device)
         traces = [_replaced_trace(world, p, rng, CHECK_REPLACE_RATE, q) for p, q in zip(chunk, proposals)]
@@ -240,18 +244,17 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
         opt.step()
         sched.step()
         s += 1
-        recent = (recent + [check.item()])[-CHECK_WINDOW:]
+        recent.append(check.item())
         if sched.decay_from is None:
             formed = len(recent) == CHECK_WINDOW and sum(recent) / CHECK_WINDOW < cfg.check_until
             if formed or s == steps - decay:
-                sched.decay_from = s
+                sched.decay_from, last = s, s + decay
                 log(
                     f"  check pretraining: {'the check formed' if formed else 'the check has not formed'} by step "
                     f"{s} (replaced-result loss {sum(recent) / len(recent):.3f} over the last {len(recent)} "
                     f"steps); the learning rate decays over {decay} steps"
                 )
-        ended = s == steps or (sched.decay_from is not None and s == sched.decay_from + decay)
-        if s % max(1, min(steps, 1000) // 5) == 0 or ended:
+        if s % max(1, min(steps, 1000) // 5) == 0 or s == last:
             log(
                 f"  check pretraining step {s} (of at most {steps})  LM loss {lm.item():.3f}  replaced-result loss "
                 f"{check.item():.3f} at the marker, {check_result.item():.3f} at the result  "
