@@ -23,7 +23,7 @@ from betaprm.synth import (
     synth_is_correct,
     synth_tasks,
 )
-from betaprm.synth.experiment import BayesScorer
+from betaprm.synth.experiment import BayesScorer, CachedScorer
 
 
 def _state(cands, **kw):
@@ -131,6 +131,24 @@ def _run(world, problems, cfg, out=None, scorer=None):
     return run_aca(
         synth_tasks(problems), gen, scorer, cfg, synth_answer, synth_is_correct, out=out, progress=False
     ), scorer
+
+
+def test_variants_sharing_a_cached_scorer_get_their_own_records(world_setup):
+    """The demo runs each PRM's ACA variants through one CachedScorer: the early-stopping
+    variant after the no-early-stop one reads its rounds back instead of scoring them,
+    and its records equal a run of its own."""
+    world, problems = world_setup
+    stop, no_stop = ACAConfig(final="lin"), ACAConfig(final="lin", early_stop=False)
+    alone, alone_scorer = _run(world, problems, stop)
+    cached = CachedScorer(BayesScorer(world, problems))
+    full, _ = _run(world, problems, no_stop, scorer=cached)
+    n_full = cached.scorer.n_scored
+    distinct = {(r["question"], tuple(c["steps"])) for r in full for c in r["candidates"]}
+    assert n_full == len(cached.cache) == len(distinct) < sum(len(r["candidates"]) for r in full)  # repeats too
+    again, _ = _run(world, problems, stop, scorer=cached)
+    assert json.dumps(again) == json.dumps(alone)
+    # Its pools are prefixes of the full budget's: nothing new to score.
+    assert cached.scorer.n_scored == n_full < n_full + alone_scorer.n_scored
 
 
 def test_aca_accounting_on_the_world(world_setup):

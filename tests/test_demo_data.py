@@ -471,15 +471,19 @@ def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkey
 
 
 @pytest.mark.parametrize("marker_repeat", [1, 2])
-def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_repeat):
+def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_repeat, monkeypatch):
     """Check pretraining draws replacements from the backbone's language model: each op
     step's row is the model's softmax over the values at the position that predicts the
     result (the error-free trace read alone), the true value removed and the rest
     renormalised; packing the batch changes nothing, and a replacement drawn from a
-    proposal takes one of the values it allows."""
+    proposal takes one of the values it allows. In fp32; where the hardware has bf16 the
+    proposals' forward pass runs in it, and they stay close to fp32's."""
+    import contextlib
+
     import torch
 
     from betaprm.formatting import TraceFormat, encode_traces
+    from betaprm.synth import training
     from betaprm.synth.training import _lm_proposals, _replaced_trace
     from betaprm.tiny import tiny_causal_lm
 
@@ -490,7 +494,12 @@ def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_re
     model.config.use_cache = False
     fmt = TraceFormat(marker_repeat=marker_repeat)
     marker = tok.convert_tokens_to_ids("<prm>")
+    fast = _lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
+    monkeypatch.setattr(training, "_proposal_autocast", lambda device: contextlib.nullcontext())
     props = _lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
+    for a, b in zip(fast, props):  # bf16 where the hardware has it (else the same fp32)
+        np.testing.assert_allclose(a, b, atol=0.02)
+        np.testing.assert_allclose(a.sum(1), 1.0)
     numbers = tok.convert_tokens_to_ids([str(v) for v in range(w.M)])
     texts_rng = np.random.default_rng(0)  # the same connectives as _lm_proposals wrote
     for p, prop in zip(problems, props):

@@ -204,6 +204,27 @@ def test_mc_label_fast_path_matches_generate(cfg, boost):
     assert fast.rng.random() == slow.rng.random()
 
 
+@pytest.mark.parametrize("boost", [1.0, 2.5, 0.0])
+def test_error_draws_are_numpys_choice_from_the_kernel(boost):
+    """sample_errors keeps each kernel's CDF instead of calling rng.choice(M, p=kernel) per
+    step: the same offsets from the same random stream, so every seed's data is unchanged."""
+    w = World(WorldConfig(modulus=12, min_ops=3, max_ops=6))
+    problems = w.sample_problems(40, 2)
+    fast, slow = np.random.default_rng(5), np.random.default_rng(5)
+    for p in problems:
+        for s in range(p.T):
+            o = OPS.index(p.ops[s][0])
+            ker = w.kernel[p.level, o].copy()
+            if boost != 1.0 and p.ops[s][0] != "?":
+                e = min(0.95, (1 - ker[0]) * boost)
+                ker[1:] *= e / (1 - ker[0])
+                ker[0] = 1 - e
+            for n in (1, 16):
+                got = w.sample_errors(p, s, n, fast, boost)
+                want = np.zeros(n, dtype=np.int64) if boost == 0.0 else slow.choice(w.M, size=n, p=ker)
+                assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
 def test_policy_is_a_generator_and_keeps_prefixes():
     w = World()
     policy = SynthPolicy(w, seed=0, count_tokens=len)

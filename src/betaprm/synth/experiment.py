@@ -132,9 +132,28 @@ def demo_data(world: World, recipe, seed: int) -> DemoData:
     return DemoData(train_traces, train_records, val_pools, test_pools, held_records)
 
 
-def _aca_variant(world: World, problems, prm, acfg, tokenizer, seed: int) -> list[dict]:
-    """One ACA variant's records on ``problems``: its own policy from the run's ACA seed, so
-    a variant's result does not depend on which variants ran before it or where."""
+class CachedScorer:
+    """A scorer that scores each distinct trace once: ACA's variants on one PRM share
+    their first rounds (the same seeded requests give the same candidates) and the
+    no-early-stop variant's rounds hold the early-stopping one's, so the second variant
+    is mostly read back. The scores are those of the wrapped scorer."""
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+        self.cache: dict = {}
+
+    def __call__(self, traces):
+        keys = [(t[0], tuple(t[1])) for t in traces]
+        todo = list(dict.fromkeys(k for k in keys if k not in self.cache))
+        if todo:
+            self.cache.update(zip(todo, self.scorer([(q, list(steps)) for q, steps in todo])))
+        return [self.cache[k] for k in keys]
+
+
+def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> list[list[dict]]:
+    """ACA variants' records on ``problems``, one list per config in ``acfgs``, all on one
+    PRM through one ``CachedScorer``. Each variant draws from its own policy from the
+    run's ACA seed, so its records do not depend on which variants ran before it or where."""
     from ..aca import run_aca
     from ..scoring import PRMScorer
     from .policy import synth_answer, synth_is_correct, synth_tasks
@@ -142,14 +161,23 @@ def _aca_variant(world: World, problems, prm, acfg, tokenizer, seed: int) -> lis
     def count(text):
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    policy = SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count)
-    return run_aca(
-        synth_tasks(problems), policy, PRMScorer(prm, 64), acfg, synth_answer, synth_is_correct, progress=False
-    )
+    scorer = CachedScorer(PRMScorer(prm, 64))
+    return [
+        run_aca(
+            synth_tasks(problems),
+            SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count),
+            scorer,
+            acfg,
+            synth_answer,
+            synth_is_correct,
+            progress=False,
+        )
+        for acfg in acfgs
+    ]
 
 
-def _aca_variant_job(world_cfg, problems, prm_dir: str, acfg, tokenizer_dir: str, seed: int, threads: int):
-    """``_aca_variant`` in a worker process with ``threads`` torch threads, the PRM and the
+def _aca_variants_job(world_cfg, problems, prm_dir: str, acfgs, tokenizer_dir: str, seed: int, threads: int):
+    """``_aca_variants`` in a worker process with ``threads`` torch threads, the PRM and the
     tokenizer loaded from the run's folder."""
     import torch
     from transformers import PreTrainedTokenizerFast
@@ -161,7 +189,7 @@ def _aca_variant_job(world_cfg, problems, prm_dir: str, acfg, tokenizer_dir: str
     hf_logging.set_verbosity_error()
     prm = BetaPRM.from_pretrained(prm_dir, device="cpu").eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    return _aca_variant(World(world_cfg), problems, prm, acfg, tokenizer, seed)
+    return _aca_variants(World(world_cfg), problems, prm, acfgs, tokenizer, seed)
 
 
 def aca_table(
@@ -181,8 +209,8 @@ def aca_table(
     the (tokens, accuracy) point of each variant for the plot.
 
     With ``run_dir`` (the demo's folder: the PRMs in ``run_dir/NAME``, the tokenizer in
-    ``run_dir/backbone``) and ``threads`` >= 2, the variants run two at a time in worker
-    processes with half the threads each, as the PRMs train: on the 2-core CPU the policy's
+    ``run_dir/backbone``) and ``threads`` >= 2, each PRM's variants run in a worker process
+    of their own with half the threads, as the PRMs train: on the 2-core CPU the policy's
     Python and the small model's scoring keep one thread each busier than two threads one
     process. Each variant draws from its own policy, so the records equal a sequential
     run's at the workers' thread count."""
@@ -201,6 +229,11 @@ def aca_table(
         "aca_reward_only": ("standard_prm", ACAConfig(uncertainty="none", final="lin", seed=seed)),
         "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
     }
+    # Grouped by PRM: each group's variants share one scoring cache (CachedScorer), the
+    # one that spends the whole budget first.
+    groups: dict[str, list[str]] = {}
+    for name in sorted(variants, key=lambda name: name != "aca_no_early_stop"):
+        groups.setdefault(variants[name][0], []).append(name)
     if run_dir is not None and threads >= 2:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -208,30 +241,33 @@ def aca_table(
 
         from .training import exit_with_parent
 
-        # The longest variant (no early stop: every problem to the full budget) first.
-        order = sorted(variants, key=lambda name: name != "aca_no_early_stop")
         with ProcessPoolExecutor(
-            2, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent, initargs=(os.getpid(),)
+            len(groups),
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=exit_with_parent,
+            initargs=(os.getpid(),),
         ) as ex:
             futures = {
-                name: ex.submit(
-                    _aca_variant_job,
+                model: ex.submit(
+                    _aca_variants_job,
                     world.cfg,
                     problems,
-                    str(Path(run_dir) / variants[name][0]),
-                    variants[name][1],
+                    str(Path(run_dir) / model),
+                    [variants[name][1] for name in names],
                     str(Path(run_dir) / "backbone"),
                     seed,
-                    threads // 2,
+                    max(1, threads // len(groups)),
                 )
-                for name in order
+                for model, names in groups.items()
             }
-            records = {name: futures[name].result() for name in variants}
+            got = {model: future.result() for model, future in futures.items()}
     else:
-        records = {
-            name: _aca_variant(world, problems, models[model], acfg, tokenizer, seed)
-            for name, (model, acfg) in variants.items()
+        got = {
+            model: _aca_variants(world, problems, models[model], [variants[n][1] for n in names], tokenizer, seed)
+            for model, names in groups.items()
         }
+    by_name = {name: recs for model, names in groups.items() for name, recs in zip(names, got[model])}
+    records = {name: by_name[name] for name in variants}  # in table order
     pool_tokens = [
         [sum(len(tokenizer.encode(st, add_special_tokens=False)) for st in t.steps) for t in p.traces]
         for p in test_pools

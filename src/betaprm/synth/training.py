@@ -123,6 +123,24 @@ CHECK_REPLACE_RATE = 0.5  # share of verifiable results replaced in check pretra
 CHECK_WINDOW = 100  # steps over which check pretraining's loss says whether the check has formed
 
 
+def _proposal_autocast(device):
+    """bf16 autocast for ``_lm_proposals``' forward pass where the hardware computes in bf16
+    (a GPU with bf16, a CPU with AVX512-BF16 or AMX): 1.6x faster on the 2-core CPU, and a
+    proposal distribution needs no more precision. Training stays in fp32 (its backward
+    gained under 10% in bf16). Elsewhere fp32: emulated bf16 is slower."""
+    import contextlib
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        fast = torch.cuda.is_bf16_supported()
+    else:
+        cpu = getattr(torch, "cpu", None)
+        fast = any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return torch.autocast(device.type, dtype=torch.bfloat16) if fast else contextlib.nullcontext()
+
+
 def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> list[np.ndarray]:
     """ELECTRA's generator, from the backbone itself: per problem, a ``(T, M)`` array whose
     row s is the language model's distribution over op step s's result on the problem's
@@ -143,9 +161,11 @@ def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> 
     x, pos, _, target = _check_batch(ids, codes, marker_id, tokenizer.pad_token_id, fmt.marker_repeat)
     rows, cols = (target >= 0).nonzero(as_tuple=True)
     with torch.no_grad():
-        hidden = model.model(input_ids=x.to(device), position_ids=pos.to(device)).last_hidden_state
+        with _proposal_autocast(device):
+            hidden = model.model(input_ids=x.to(device), position_ids=pos.to(device)).last_hidden_state
         # The result sits marker_repeat tokens before its last marker; one more back predicts it.
-        logits = model.lm_head(hidden[rows.to(device), (cols - fmt.marker_repeat - 1).to(device)]).double().cpu()
+        at = hidden[rows.to(device), (cols - fmt.marker_repeat - 1).to(device)].float()
+        logits = model.lm_head(at).double().cpu()
     number_ids = torch.tensor(tokenizer.convert_tokens_to_ids([str(v) for v in range(world.M)]))
     trace, step = np.divmod(target[rows, cols].long().numpy(), 1000)
     truths = [p.true_values() for p in problems]

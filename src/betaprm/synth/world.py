@@ -207,6 +207,14 @@ def parse_value(step: str) -> int:
     return int(m.group(1))
 
 
+def _choice_cdf(p: np.ndarray) -> np.ndarray:
+    """The CDF numpy's ``Generator.choice(a, p=p)`` searches: its cumulative sum, scaled
+    to end at exactly 1."""
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    return cdf
+
+
 class World:
     """Sampling and exact computation for one ``WorldConfig``."""
 
@@ -226,6 +234,7 @@ class World:
                 others = list(range(2, M - 1))
                 ker[others] += e * (1 - self.cfg.near_miss) / len(others)
                 self.kernel[z, o] = ker
+        self._cdfs: dict = {}  # sample_errors' CDFs by (level, op, boost)
 
     # ------------------------------------------------------------------ sampling
     def sample_problem(self, rng: np.random.Generator, pid: str) -> Problem:
@@ -255,16 +264,24 @@ class World:
         """n error offsets for op s. ``boost`` multiplies the error rate of verifiable
         steps (+ and *) only: it enriches training traces with errors a PRM can see
         (1.0 is the world's policy; 0.0 gives error-free verifiable steps)."""
-        op = OPS.index(problem.ops[s][0])
-        ker = self.kernel[problem.level, op]
         if boost == 0.0:
             return np.zeros(n, dtype=np.int64)  # error-free traces
-        if boost != 1.0 and problem.ops[s][0] != "?":
-            e = min(0.95, (1 - ker[0]) * boost)
-            ker = ker.copy()
-            ker[1:] *= e / max(1 - ker[0], 1e-12)
-            ker[0] = 1 - e
-        return rng.choice(self.M, size=n, p=ker)
+        op = OPS.index(problem.ops[s][0])
+        if problem.ops[s][0] == "?":
+            boost = 1.0
+        key = (problem.level, op, boost)
+        cdf = self._cdfs.get(key)
+        if cdf is None:
+            ker = self.kernel[problem.level, op]
+            if boost != 1.0:
+                e = min(0.95, (1 - ker[0]) * boost)
+                ker = ker.copy()
+                ker[1:] *= e / max(1 - ker[0], 1e-12)
+                ker[0] = 1 - e
+            cdf = self._cdfs[key] = _choice_cdf(ker)
+        # rng.choice(M, size=n, p=ker) without its per-call checks of p: the same uniform
+        # draws and the same search, so the same offsets (tested against rng.choice).
+        return cdf.searchsorted(rng.random(n), side="right").astype(np.int64, copy=False)
 
     def continue_values(
         self, problem: Problem, prefix_values: Sequence[int], n: int, rng: np.random.Generator, boost: float = 1.0
@@ -359,15 +376,16 @@ class World:
             base = self._next_offset(problem, s, np.arange(M))
             seen = (w - problem.apply(s, prev)) % M
             if op == "?":
-                errs = range(M)
+                errs = np.arange(M)
             elif check_mod is None:
-                errs = [seen]
+                errs = np.array([seen])
             else:  # every error with the same residue looks alike to this observer
-                errs = [e for e in range(M) if e % check_mod == seen % check_mod]
-            new = np.zeros_like(post)
-            for z in range(2):
-                for e in errs:
-                    np.add.at(new[z], (base + e) % M, post[z] * self.kernel[z, o, e])
+                errs = np.arange(seen % check_mod, M, check_mod)
+            # new[z, (d + e) mod M after the op] += post[z, d] * P(e | op, z), summed in the
+            # order errors-then-offsets (as a loop of np.add.at would, to the last bit).
+            bins = ((base[None, :] + errs[:, None]) % M).ravel()
+            weights = post[:, None, :] * self.kernel[:, o, errs][:, :, None]
+            new = np.stack([np.bincount(bins, weights[z].ravel(), minlength=M) for z in range(2)])
             post = new / new.sum()
             prev = w
             yield post
