@@ -99,7 +99,8 @@ class DemoConfig:
         True,
         "train the two PRMs at the same time in two processes: on CPU (2 or more threads) with half the threads each "
         "(the same PRMs as one after the other with that thread count); on a GPU, sharing it. On CPU ACA's variants "
-        "also run two at a time. From Python, call run_demo under if __name__ == '__main__' (the workers are spawned)",
+        "run in two processes too, one per PRM. From Python, call run_demo under if __name__ == '__main__' (the "
+        "workers are spawned)",
     )
     group_by_length: bool = _f(
         False,
