@@ -135,9 +135,9 @@ def _proposal_autocast(device):
     device = torch.device(device)
     if device.type == "cuda":
         fast = torch.cuda.is_bf16_supported()
-    else:
-        cpu = getattr(torch, "cpu", None)
-        fast = any(getattr(cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    else:  # torch.cpu's private probes: absent in some builds, then fp32
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        fast = any(getattr(torch.cpu, f, lambda: False)() for f in probes)
     return torch.autocast(device.type, dtype=torch.bfloat16) if fast else contextlib.nullcontext()
 
 
