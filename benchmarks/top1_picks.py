@@ -14,21 +14,10 @@ import collections
 import numpy as np
 
 
-def errors(problem, values):
-    """(first verifiable error step or None, whether any recall step is wrong)."""
-    prev, first, recall = problem.start, None, False
-    for s, v in enumerate(values):
-        if v != int(problem.apply(s, prev)):
-            if problem.ops[s][0] == "?":
-                recall = True
-            elif first is None:
-                first = s
-        prev = v
-    return first, recall
-
-
 def kind(pool, j):
-    first, recall = errors(pool.problem, pool.traces[j].values)
+    from betaprm.synth.diagnostics import error_kinds
+
+    first, recall = error_kinds(pool.problem, pool.traces[j].values)
     return (
         ("correct" if pool.correct[j] else "wrong")
         + ("/verifiable error" if first is not None else "")

@@ -26,19 +26,6 @@ import collections
 import numpy as np
 
 
-def first_error(problem, values):
-    """(first verifiable error step or None, whether any recall step is wrong)."""
-    prev, first, recall = problem.start, None, False
-    for s, v in enumerate(values):
-        if v != int(problem.apply(s, prev)):
-            if problem.ops[s][0] == "?":
-                recall = True
-            elif first is None:
-                first = s
-        prev = v
-    return first, recall
-
-
 def shifted(problem, trace, shift):
     """(question, steps) of ``trace`` with the start shifted by ``shift`` and every written
     value moved with it; the connectives kept."""
@@ -86,6 +73,7 @@ def main():
     from betaprm.model import BetaPRM
     from betaprm.scoring import score_traces
     from betaprm.synth import World, WorldConfig
+    from betaprm.synth.diagnostics import error_kinds
     from betaprm.synth.experiment import demo_data
     from betaprm.synth.recipe import DemoConfig
 
@@ -94,7 +82,7 @@ def main():
     data = demo_data(world, DemoConfig(world_config=wc).effective(), args.seed)
     pools = (data.val_pools if args.split == "val" else data.test_pools)[: args.pools]
     k = len(pools[0].traces)
-    errs = [[first_error(p.problem, t.values) for t in p.traces] for p in pools]
+    errs = [[error_kinds(p.problem, t.values) for t in p.traces] for p in pools]
     visible = [np.array([not c and e[0] is not None for c, e in zip(p.correct, pe)]) for p, pe in zip(pools, errs)]
     recall_only = [np.array([not c and e[0] is None for c, e in zip(p.correct, pe)]) for p, pe in zip(pools, errs)]
     bayes_final = [[b.mean[-1] for b in p.bayes] for p in pools]

@@ -310,6 +310,8 @@ def test_start_shift_is_a_symmetry_of_offsets_q_and_the_bayes_belief():
     spec = importlib.util.spec_from_file_location(
         "where_mu_errs", Path(__file__).parents[1] / "benchmarks" / "where_mu_errs.py"
     )
+    from betaprm.synth.diagnostics import error_kinds
+
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rng = np.random.default_rng(3)
@@ -318,6 +320,7 @@ def test_start_shift_is_a_symmetry_of_offsets_q_and_the_bayes_belief():
         moved = 0
         for p in w.sample_problems(30, seed=5):
             for tr in w.sample_traces(p, 3, rng, boost=3.0):
+                assert mod.shifted(p, tr, 0) == (p.question, tr.steps)  # the world's own step texts
                 shift = int(rng.integers(1, w.M))
                 question, steps = mod.shifted(p, tr, shift)
                 q = Problem(p.id, (p.start + shift) % w.M, p.ops, p.hidden, p.level, p.visible, w.M)
@@ -328,5 +331,27 @@ def test_start_shift_is_a_symmetry_of_offsets_q_and_the_bayes_belief():
                 assert np.array_equal(w.offsets(q, vals), w.offsets(p, tr.values))
                 np.testing.assert_allclose(w.true_q(q, vals), w.true_q(p, tr.values), atol=1e-12)
                 np.testing.assert_allclose(w.bayes_belief(q, vals)[0], w.bayes_belief(p, tr.values)[0], atol=1e-12)
-                assert mod.first_error(q, vals) == mod.first_error(p, tr.values)
+                assert error_kinds(q, vals) == error_kinds(p, tr.values)
         assert moved > 50  # the copies do write other values
+
+
+def test_error_kinds_against_the_offsets():
+    """error_kinds finds the first wrong verifiable step and any wrong recall step: with
+    neither, the trace is correct; the first wrong step is where the offset first moves
+    at a verifiable step."""
+    from betaprm.synth.diagnostics import error_kinds
+
+    w, rng, seen = World(), np.random.default_rng(4), set()
+    for p in w.sample_problems(40, seed=6):
+        for tr in w.sample_traces(p, 4, rng, boost=3.0):
+            first, recall = error_kinds(p, tr.values)
+            d = np.concatenate([[0], w.offsets(p, tr.values)])
+            # a step errs when it is not the offset's own propagation (d * k for *, d otherwise)
+            errs = [s for s in range(p.T) if d[s + 1] != w._next_offset(p, s, np.array(d[s]))]
+            verifiable = [s for s in errs if p.ops[s][0] != "?"]
+            assert first == (verifiable[0] if verifiable else None)
+            assert recall == any(p.ops[s][0] == "?" for s in errs)
+            if first is None and not recall:
+                assert tr.correct
+            seen.add((first is not None, recall))
+    assert len(seen) == 4  # all four kinds occurred

@@ -144,6 +144,22 @@ def clean_prefix_steps(problem, values):
         prev = values[k]
 
 
+def error_kinds(problem, values) -> tuple[int | None, bool]:
+    """``(first, recall)`` of a trace's written ``values``: the first op step whose
+    verifiable result is wrong (None if none is) and whether any recall step is wrong (no
+    step check can see those). A step is wrong when its result differs from the step
+    applied to the written value before it."""
+    prev, first, recall = problem.start, None, False
+    for k, v in enumerate(values):
+        if v != problem.apply(k, prev):
+            if problem.ops[k][0] == "?":
+                recall = True
+            elif first is None:
+                first = k
+        prev = v
+    return first, recall
+
+
 def parity_split_auroc(scores, offsets) -> dict:
     """AUROC of ``scores`` (higher = more suspect) for erroneous against correct steps, with
     the erroneous ones split by the parity of their offset: ``{"odd": .., "even": ..}``, each
