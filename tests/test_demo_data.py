@@ -77,7 +77,7 @@ def test_presets_change_defaults_and_keep_explicit_settings():
         base.num_layers,
         base.prm_steps,
         base.train_near_miss,
-    ) == (12_000, 1000, 96, 8, 1000, 0.3)
+    ) == (12_000, 1000, 96, 8, 1500, 0.3)
     assert (base.intermediate_size, long.intermediate_size) == (192, 384)
     # the default freezes half the backbone's layers in PRM training, --quick one of its three, --long none
     assert (base.prm_freeze_layers, DemoConfig(quick=True).effective().prm_freeze_layers) == (4, 1)
