@@ -52,6 +52,11 @@ def test_train_near_miss_must_be_a_probability():
         DemoConfig(train_near_miss=-0.1)
 
 
+def test_check_lr_must_be_positive():
+    with pytest.raises(BetaPRMInputError, match="check_lr must be > 0"):
+        DemoConfig(check_lr=0)
+
+
 def test_presets_change_defaults_and_keep_explicit_settings():
     long = DemoConfig(long=True).effective()
     assert (long.num_layers, long.hidden_size, long.n_train_problems, long.prm_steps, long.train_near_miss) == (
@@ -340,6 +345,14 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
     assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items() if "layers.1." in k)
     assert DemoConfig().effective().check_steps == 2000 and DemoConfig(quick=True).effective().check_steps == 100
     assert DemoConfig(check_steps=0).effective().check_steps == 0  # 0 turns it off, even for a preset
+    # --check-lr reaches the optimiser: Adam's first steps move each weight by about the learning rate
+    moved = []
+    for lr in (1e-3, 1e-2):
+        m = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
+        w0 = m.model.layers[1].mlp.down_proj.weight.detach().clone()
+        check_pretrain(m, DemoConfig(quick=True, check_steps=3, check_lr=lr).effective(), w, tok, TraceFormat(), print)
+        moved.append((m.model.layers[1].mlp.down_proj.weight.detach() - w0).abs().mean().item())
+    assert moved[1] > 5 * moved[0], moved
     with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
         DemoConfig(check_steps=-1)
 

@@ -64,6 +64,7 @@ class DemoConfig:
         "decays it over --check-decay-steps; 0: never early, a fixed --check-steps",
     )
     check_decay_steps: int | None = _f(None, "check pretraining's learning-rate decay, in steps (200; --quick 20)")
+    check_lr: float = _f(1e-3, "check pretraining's peak learning rate (AdamW)")
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_freeze_layers: int | None = _f(
@@ -153,6 +154,8 @@ class DemoConfig:
             bad.append(f"check_steps must be >= 0, got {self.check_steps}")
         if self.check_decay_steps is not None and self.check_decay_steps < 1:
             bad.append(f"check_decay_steps must be >= 1, got {self.check_decay_steps}")
+        if self.check_lr <= 0:
+            bad.append(f"check_lr must be > 0, got {self.check_lr}")
         if self.check_until < 0:
             bad.append(f"check_until must be >= 0, got {self.check_until}")
         if self.prm_freeze_layers is not None and self.prm_freeze_layers < 0:

@@ -227,7 +227,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     params = list(model.parameters()) + list(head.parameters())
     steps, batch = cfg.check_steps, 32
     decay = max(1, min(cfg.check_decay_steps, steps))
-    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(params, lr=cfg.check_lr, weight_decay=0.01)
     sched = _check_schedule(opt, warmup=max(1, min(50, steps // 20)), decay=decay)
     rng = np.random.default_rng(cfg.seed + 2002)
     problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
