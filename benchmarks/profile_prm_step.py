@@ -7,7 +7,8 @@ RUN_DIR is the ``--out`` of a finished ``betaprm demo`` (its ``backbone/`` and
 thread as in the demo, through ``synth.training.train_prm`` (written to ``RUN_DIR/profile_prm``),
 after a 5-step warm-up, and prints the wall time and the functions with the most time of
 their own. The share of time in the model's forward and backward (``linear``,
-``scaled_dot_product_attention``, ``run_backward``) is what no change outside the model can save.
+``scaled_dot_product_attention``, ``silu``, ``run_backward``) is what no change outside the model
+can save.
 """
 
 import argparse

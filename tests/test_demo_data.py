@@ -350,7 +350,8 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
     for lr in (1e-3, 1e-2):
         m = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
         w0 = m.model.layers[1].mlp.down_proj.weight.detach().clone()
-        check_pretrain(m, DemoConfig(quick=True, check_steps=3, check_lr=lr).effective(), w, tok, TraceFormat(), print)
+        lr_cfg = DemoConfig(quick=True, check_steps=3, check_lr=lr).effective()
+        check_pretrain(m, lr_cfg, w, tok, TraceFormat(), lines.append)
         moved.append((m.model.layers[1].mlp.down_proj.weight.detach() - w0).abs().mean().item())
     assert moved[1] > 5 * moved[0], moved
     with pytest.raises(BetaPRMInputError, match="check_steps must be >= 0"):
