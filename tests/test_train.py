@@ -475,6 +475,32 @@ def test_a_step_is_the_same_however_it_is_cut_into_micro_batches(tmp_path, lm_di
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+def test_batch_rebalance_deals_each_random_step_into_length_sorted_micro_batches(tmp_path, lm_dir, counts):
+    """The default sampler (transformers' BatchRebalanceSampler, seeded by --seed): an
+    optimiser step's traces are a random draw, dealt into its micro-batches by length, so a
+    micro-batch spans a narrower range of lengths than the step; --no-batch-rebalance keeps
+    the Trainer's random sampler. That the model does not depend on the cut is
+    test_a_step_is_the_same_however_it_is_cut_into_micro_batches."""
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    _, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "r", global_batch_size=16, max_steps=1, save_steps=100))
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, BatchRebalanceSampler) and sampler.seed == 1
+    lengths = [len(x["input_ids"]) for x in trainer.train_dataset]
+    micro = list(sampler)  # 4 micro-batches per step of 16
+    assert sorted(i for b in micro for i in b) == list(range(len(lengths)))  # every trace once
+    steps = [micro[k : k + 4] for k in range(0, len(micro) - 3, 4)]
+    inner = np.mean([np.ptp([lengths[i] for i in b]) for s in steps for b in s if len(b) > 1])
+    whole = np.mean([np.ptp([lengths[i] for b in s for i in b]) for s in steps])
+    assert inner < 0.6 * whole
+    # What a step holds does not depend on how it is cut: its traces are the same draw.
+    cut2 = train(cfg(lm_dir, counts, tmp_path / "c", global_batch_size=16, per_device_batch_size=8, max_steps=1))
+    two = list(cut2[1]._get_train_sampler())
+    assert [sorted(two[k] + two[k + 1]) for k in range(0, 8, 2)] == [sorted(sum(s, [])) for s in steps[:4]]
+    off = train(cfg(lm_dir, counts, tmp_path / "o", batch_rebalance=False, max_steps=1, save_steps=100))[1]
+    assert not isinstance(off._get_train_sampler(), BatchRebalanceSampler)
+
+
 def test_token_budget_training_fits_the_budget_and_resumes_in_a_later_epoch(tmp_path, lm_dir):
     from .helpers import make_counts
 

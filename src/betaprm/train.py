@@ -146,6 +146,13 @@ class TrainConfig:
         "draw each batch from traces of similar length, the batches in random order: less padding, faster steps "
         "(text PRMs; vision-language data keeps random batches)",
     )
+    batch_rebalance: bool = _f(
+        True,
+        "deal each optimiser step's traces (a random draw, as without this) into its micro-batches by length, "
+        "sorted and balanced in cost (transformers' BatchRebalanceSampler): less padding per forward pass, the same "
+        "kind of batches and the same loss. Pays with gradient accumulation (--per-device-batch-size below "
+        "--global-batch-size / devices); --group-by-length and --max-tokens-per-batch make their own batches instead",
+    )
     step_weights: str = _f(
         "batch",
         "how an optimiser step's loss weighs its scored steps: batch (the mean over the step's own scored steps) or "
@@ -269,6 +276,7 @@ def _trainer_class():
             aux_lm_weight: float = 0.0,
             kappa_detach: bool = False,
             group_by_length: bool = False,
+            batch_rebalance: bool = False,
             packing: bool = False,
             token_batches=None,
             fixed_counts: tuple[float, float] | None = None,
@@ -285,6 +293,7 @@ def _trainer_class():
             self.hard_threshold = hard_threshold
             self.head_lr_multiplier = head_lr_multiplier
             self.group_by_length = group_by_length
+            self.batch_rebalance = batch_rebalance
             self.kappa_detach = kappa_detach
             self.packing_unchecked = packing
             # The loss of an optimiser step is the mean over the step's scored steps on this
@@ -363,6 +372,24 @@ def _trainer_class():
 
                 return LengthBucketSampler(
                     dataset.lengths(), self.args.train_batch_size, seed=self.args.data_seed or self.args.seed
+                )
+            if self.batch_rebalance and hasattr(dataset, "lengths"):
+                # Built here rather than by train_sampling_strategy="batch_rebalance": the
+                # lengths come from the dataset without encoding it again, and the order
+                # follows --seed (the Trainer's own would always use 42). The Trainer passes
+                # it as a batch sampler and keeps accelerate from sharding it a second time.
+                from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+                args = self.args
+                world = max(1, args.world_size)
+                return BatchRebalanceSampler(
+                    dataset.lengths(),
+                    effective_batch_size=args.train_batch_size * args.gradient_accumulation_steps * world,
+                    dp_size=world,
+                    grad_accum=args.gradient_accumulation_steps,
+                    seed=args.data_seed or args.seed,
+                    rank=args.process_index if world > 1 else 0,
+                    drop_last=args.dataloader_drop_last,
                 )
             return super()._get_train_sampler(train_dataset)
 
@@ -739,7 +766,12 @@ def run_record(cfg: TrainConfig) -> dict:
 
     settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
     # Recorded only when not the default: older checkpoints, without them, still resume.
-    for name, default in (("max_tokens_per_batch", 0), ("freeze_layers", 0), ("step_weights", "batch")):
+    for name, default in (
+        ("max_tokens_per_batch", 0),
+        ("freeze_layers", 0),
+        ("step_weights", "batch"),
+        ("batch_rebalance", True),
+    ):
         if getattr(cfg, name) == default:
             del settings[name]
     return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
@@ -985,6 +1017,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         head_lr_multiplier=cfg.head_lr_multiplier,
         kappa_detach=cfg.kappa_detach,
         group_by_length=cfg.group_by_length,
+        batch_rebalance=cfg.batch_rebalance and not cfg.max_tokens_per_batch,
         packing=packing,
         token_batches=token_batches,
         fixed_counts=fixed_counts,
