@@ -566,3 +566,29 @@ def test_a_reused_backbone_too_shallow_for_the_frozen_layers_is_refused_before_t
         cfg, replace(cfg.effective(), prm_freeze_layers=2), World(), [], tmp_path / "out", lambda *a: None
     )
     assert eff.num_layers == 2
+
+
+def test_prm_micro_batches_reach_betaprm_train(monkeypatch, tmp_path):
+    """--prm-micro-batches N: each PRM's step of --prm-batch traces runs as N length-sorted
+    forward passes (betaprm train's per-device batch and batch rebalance); the step stays
+    --prm-batch traces."""
+    import betaprm.train as train_module
+    from betaprm.synth.training import train_prm
+
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def spy(cfg, **kw):  # stops before any training: only the settings are checked
+        seen.append(cfg)
+        raise Seen
+
+    monkeypatch.setattr(train_module, "train", spy)
+    for n in (1, 4):
+        with pytest.raises(Seen):
+            train_prm(DemoConfig(prm_micro_batches=n).effective(), tmp_path, "p", "soft-ce", 0, "cpu", print)
+    assert [(c.global_batch_size, c.per_device_batch_size, c.batch_rebalance) for c in seen] == [
+        (32, 32, True),
+        (32, 8, True),
+    ]
