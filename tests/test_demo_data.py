@@ -91,7 +91,7 @@ def test_presets_change_defaults_and_keep_explicit_settings():
         DemoConfig(num_layers=3).effective()  # said before any work, not when the PRMs start training
     assert DemoConfig(num_layers=3, prm_freeze_layers=2).effective().prm_freeze_layers == 2
     # the PRMs' step of 32 traces in two length-sorted forward passes (betaprm train --batch-rebalance)
-    assert base.prm_micro_batches == 2
+    assert (base.prm_micro_batches, long.prm_micro_batches) == (2, 1)
     with pytest.raises(BetaPRMInputError, match="prm_batch 30 is not a multiple of prm_micro_batches 4"):
         DemoConfig(prm_batch=30, prm_micro_batches=4).effective()
     assert base.effective() == base

@@ -499,6 +499,14 @@ def test_batch_rebalance_deals_each_random_step_into_length_sorted_micro_batches
     assert [sorted(two[k] + two[k + 1]) for k in range(0, 8, 2)] == [sorted(sum(s, [])) for s in steps[:4]]
     off = train(cfg(lm_dir, counts, tmp_path / "o", batch_rebalance=False, max_steps=1, save_steps=100))[1]
     assert not isinstance(off._get_train_sampler(), BatchRebalanceSampler)
+    # Recorded in the run's settings only where it orders the batches: a checkpoint from
+    # before the flag (random order) resumes only with --no-batch-rebalance.
+    from betaprm.train import run_record
+
+    def recorded(**kw):
+        return run_record(cfg(lm_dir, counts, tmp_path / "x", **kw))["settings"].get("batch_rebalance")
+
+    assert (recorded(), recorded(batch_rebalance=False), recorded(group_by_length=True)) == (True, None, None)
 
 
 def test_token_budget_training_fits_the_budget_and_resumes_in_a_later_epoch(tmp_path, lm_dir):

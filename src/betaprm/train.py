@@ -759,6 +759,11 @@ NOT_RESULTS = {
 }
 
 
+def uses_batch_rebalance(cfg: TrainConfig) -> bool:
+    """--batch-rebalance applies: neither --group-by-length nor a token budget makes the batches."""
+    return cfg.batch_rebalance and not cfg.group_by_length and not cfg.max_tokens_per_batch
+
+
 def run_record(cfg: TrainConfig) -> dict:
     """The run's settings (data and starting model by fingerprint, the hyperparameters
     that change the result) and, for messages only, where the data and model came from."""
@@ -766,14 +771,14 @@ def run_record(cfg: TrainConfig) -> dict:
 
     settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
     # Recorded only when not the default: older checkpoints, without them, still resume.
-    for name, default in (
-        ("max_tokens_per_batch", 0),
-        ("freeze_layers", 0),
-        ("step_weights", "batch"),
-        ("batch_rebalance", True),
-    ):
+    for name, default in (("max_tokens_per_batch", 0), ("freeze_layers", 0), ("step_weights", "batch")):
         if getattr(cfg, name) == default:
             del settings[name]
+    # Whether the rebalancing sampler orders the batches (the flag is moot under grouping or a
+    # token budget): recorded only when it does, so a checkpoint from before it existed (random
+    # order) resumes only with --no-batch-rebalance, in its own order.
+    if not uses_batch_rebalance(cfg):
+        del settings["batch_rebalance"]
     return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
 
 
@@ -1017,7 +1022,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         head_lr_multiplier=cfg.head_lr_multiplier,
         kappa_detach=cfg.kappa_detach,
         group_by_length=cfg.group_by_length,
-        batch_rebalance=cfg.batch_rebalance and not cfg.max_tokens_per_batch,
+        batch_rebalance=uses_batch_rebalance(cfg),
         packing=packing,
         token_batches=token_batches,
         fixed_counts=fixed_counts,

@@ -69,9 +69,9 @@ class DemoConfig:
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_micro_batches: int | None = _f(
         None,
-        "forward passes per PRM optimiser step (2): the step's random traces dealt into them by length (betaprm "
-        "train --batch-rebalance), so each pass pads less; the same batches and loss as one pass, 1.13-1.14x faster "
-        "on the demo's worlds (benchmarks/prm_micro_batches.py)",
+        "forward passes per PRM optimiser step (2; --long 1): the step's random traces dealt into them by length "
+        "(betaprm train --batch-rebalance), so each pass pads less; the same batches and loss as one pass, a PRM "
+        "step 1.13-1.14x faster on the demo's worlds (benchmarks/prm_micro_batches.py)",
     )
     prm_freeze_layers: int | None = _f(
         None,
@@ -252,5 +252,6 @@ PRESETS = {
     ),
     # Found with benchmarks/probe_sweep.sh on a GPU: the smallest budget seen to learn the
     # mod-5 half of the step check, not only parity.
-    "long": dict(prm_steps=6600, intermediate_size=384, prm_freeze_layers=0, prm_lr=3e-4),
+    # One pass per step: the runs this preset was measured with (benchmarks/RESULTS.md).
+    "long": dict(prm_steps=6600, intermediate_size=384, prm_freeze_layers=0, prm_lr=3e-4, prm_micro_batches=1),
 }
