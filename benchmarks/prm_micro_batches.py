@@ -24,16 +24,13 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
 
-from betaprm.formatting import format_trace
 from betaprm.synth import World, WorldConfig
 from betaprm.synth.experiment import demo_data
 from betaprm.synth.recipe import DemoConfig
-from betaprm.synth.training import train_prm
-from betaprm.tiny import tiny_causal_lm, word_tokenizer
+from betaprm.synth.training import demo_tokenizer, new_backbone, train_prm
 
 VARIANTS = {
     "one pass of 32": dict(prm_micro_batches=1),
@@ -60,18 +57,8 @@ def build(run: Path, world: World, problems: int, seed: int):
     data = demo_data(world, eff, seed)
     with open(run / "train_counts.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in data.train_records)
-    texts = [format_trace(r["question"], r["steps"]).replace("<prm>", " ") for r in data.train_records[:2000]]
-    tok = word_tokenizer(texts, words=[str(v) for v in range(world.M)])
-    tok.add_tokens([AddedToken("<prm>", special=True, normalized=False)], special_tokens=True)
-    model = tiny_causal_lm(
-        len(tok),
-        hidden_size=eff.hidden_size,
-        num_layers=eff.num_layers,
-        num_heads=4,
-        intermediate_size=eff.intermediate_size,
-        max_position_embeddings=512,
-        seed=seed,
-    )
+    tok = demo_tokenizer(world, [(r["question"], r["steps"]) for r in data.train_records[:2000]])
+    model = new_backbone(eff, len(tok))
     model.save_pretrained(run / "backbone")
     tok.save_pretrained(run / "backbone")
     return eff

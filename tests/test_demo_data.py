@@ -258,15 +258,9 @@ def test_expand_backbone_benchmark_keeps_the_model_and_adds_trainable_layers(tmp
 
 
 def _word_tokenizer_for(world, traces):
-    from tokenizers import AddedToken
+    from betaprm.synth.training import demo_tokenizer
 
-    from betaprm.formatting import format_trace
-    from betaprm.tiny import word_tokenizer
-
-    texts = [format_trace(t.problem.question, t.steps).replace("<prm>", " ") for t in traces]
-    tok = word_tokenizer(texts, words=[str(v) for v in range(world.M)])
-    tok.add_tokens([AddedToken("<prm>", special=True, normalized=False)], special_tokens=True)
-    return tok
+    return demo_tokenizer(world, [(t.problem.question, t.steps) for t in traces])
 
 
 def test_check_pretraining_replaces_verifiable_results_and_targets_their_markers():
