@@ -1,6 +1,10 @@
 import os
 import random
 
+# No test reaches the network: hub names resolve from local caches only (before
+# huggingface_hub reads its settings; subprocesses inherit it).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 import pytest
 import torch
 

@@ -408,7 +408,7 @@ def test_train_on_a_nonexistent_model(tmp_path, capsys):
         ["train", "--model", "/nonexistent", "--data", data, "--output-dir", str(tmp_path / "run")],
         capsys,
         "--model /nonexistent",
-        "no such directory",
+        "no such folder",
     )
 
 

@@ -66,7 +66,7 @@ def test_processbench_metrics_by_hand():
     f1 = 2 * 25 * (200 / 3) / (25 + 200 / 3)
     assert g["f1"] == pytest.approx(f1) and (g["n_error"], g["n_correct"]) == (4, 3)
     m = r["subsets"]["math"]
-    assert (m["error_acc"], m["correct_acc"], m["f1"]) == (100.0, 0.0, 0.0)
+    assert (m["error_acc"], m["correct_acc"]) == (100.0, 0.0) and m["f1"] == 0.0
     assert r["average_f1"] == pytest.approx((f1 + 0.0) / 2)
     assert list(r["subsets"]) == ["gsm8k", "math"]
     assert r["predictions"]["gsm8k/" + items[5].id] == 1 and r["predictions"]["gsm8k/" + items[3].id] == -1
@@ -92,17 +92,20 @@ def test_processbench_rule_matches_the_official_script_on_ties():
         yes = no + delta
         mu = torch.softmax(torch.stack([yes, no], -1), -1)[:, 0]  # BetaPRM's mu, float32
         official = _official_rule(torch.stack([no, yes], -1))  # class 0 = error
-        disagreements += predicted_first_error(mu.numpy(), n, 0.5) != official
+        disagreements += predicted_first_error(mu.numpy(), 0.5) != official
     assert disagreements == 0
 
 
-def test_processbench_undecided_and_unscored():
+def test_processbench_truncated_items_are_counted_and_predicted_from_their_scored_steps():
+    """--truncate steps: a cut item's prediction comes from its scored steps (-1 when none
+    is flagged), as a script looping over the scores it has would; the counts say how many
+    items were cut and how many rest on the cut (the earlier code counted them as misses)."""
     it = _pb(-1, 4)
-    assert predicted_first_error(np.array([0.9, 0.9]), 4, 0.5) is None  # cut before any flag
-    assert predicted_first_error(np.array([0.9, 0.2]), 4, 0.5) == 1  # a flag among the scored steps decides
+    assert predicted_first_error(np.array([0.9, 0.9]), 0.5) == -1  # cut before any flag
+    assert predicted_first_error(np.array([0.9, 0.2]), 0.5) == 1  # a flag among the scored steps decides
     r = evaluate_processbench([it, _pb(1, 3)], [np.array([0.9, 0.9]), np.array([0.9, 0.1, 0.9])], 0.5)
     g = r["subsets"]["gsm8k"]
-    assert g["n_undecided"] == 1 and g["correct_acc"] == 0.0 and g["error_acc"] == 100.0
+    assert (g["n_truncated"], g["n_undecided"]) == (1, 1) and g["correct_acc"] == 100.0 and g["error_acc"] == 100.0
 
 
 def test_threshold_choice_is_exact():
@@ -116,9 +119,9 @@ def test_threshold_choice_is_exact():
             scores.append(np.round(rng.random(n), 1))  # rounding makes ties
         tau, f1 = choose_threshold(items, scores)
 
-        def f1_at(t):
+        def f1_at(t):  # an undefined F1 (both accuracies 0) counts as 0 when choosing
             m = evaluate_processbench(items, scores, t)["subsets"]["gsm8k"]
-            return m["f1"]
+            return 0.0 if np.isnan(m["f1"]) else m["f1"]
 
         cands = sorted({-np.inf, *np.concatenate(scores)})
         brute = [f1_at(t) for t in cands]
@@ -250,9 +253,9 @@ def test_prmbench_undefined_f1_and_clipping():
 
 def test_prmbench_bad_record(tmp_path):
     rows = _prmbench_rows()
-    rows[3]["error_steps"] = [5]
+    rows[3]["error_steps"] = [0]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(BetaPRMInputError, match=r"b.jsonl:4: field 'error_steps' must list step numbers from 1 to 4"):
+    with pytest.raises(BetaPRMInputError, match=r"b.jsonl:4: field 'error_steps' must list step numbers \(1-based"):
         read_prmbench(tmp_path / "b.jsonl")
     rows[3] = {**_prmbench_rows()[3], "classification": "typo"}
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

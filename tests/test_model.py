@@ -178,7 +178,7 @@ def test_reloaded_tokenizer_must_tokenise_as_saved(tmp_path, bpe_tokenizer):
 
 
 def test_from_pretrained_errors_are_clear(tmp_path, bpe_tokenizer):
-    with pytest.raises(BetaPRMInputError, match="betaprm_config.json is missing"):
+    with pytest.raises(BetaPRMInputError, match="is not a BetaPRM: no betaprm_config.json and no config.json"):
         BetaPRM.from_pretrained(tmp_path)
     prm = make_prm(bpe_tokenizer)
     prm.save_pretrained(tmp_path / "c")

@@ -72,7 +72,9 @@ def test_model_fingerprint_follows_contents_not_paths(prms, tmp_path):
     shutil.copytree(a, copy)
     (copy / "train_summary.json").write_text("{}")
     assert model_fingerprint(copy) == model_fingerprint(a) != model_fingerprint(b)
-    assert model_fingerprint("org/some-hub-model") == "name:org/some-hub-model"
+    # a hub name is resolved to its snapshot (tests/test_hub.py); one that cannot be is an error
+    with pytest.raises(BetaPRMInputError, match="org/some-hub-model"):
+        model_fingerprint("org/some-hub-model")
     big = tmp_path / "big"
     big.mkdir()
     data = bytearray(random.Random(0).randbytes(20 << 20))

@@ -17,6 +17,7 @@ from betaprm import BetaPRM
 from betaprm.reward import StepRewards
 from betaprm.scoring import score_pool_file, score_traces
 
+from .chat_templates import chat_tokenizer
 from .helpers import make_lm_dir
 
 
@@ -138,6 +139,135 @@ def test_get_reward_is_openrlhfs_contract(server, prm_dir):
     local = score_traces(BetaPRM.from_pretrained(prm_dir), TRACES)
     for reward, steps, s in zip(res["rewards"], res["step_rewards"], local):
         assert steps == pytest.approx(s.mu.tolist(), abs=1e-5) and reward == pytest.approx(s.mu.mean(), abs=1e-5)
+
+
+# OpenRLHF's rollouts: a conversation (rendered with the policy's chat template), the
+# steps the policy wrote and what follows them in the query (end of turn, eos, padding).
+SYSTEM = {"role": "system", "content": "You are a careful math tutor."}
+EARLIER = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "Hello! Ask me a math question."},
+]
+ROLLOUTS = [
+    ([SYSTEM, *EARLIER, {"role": "user", "content": "what is 3 + 4 ?\nShow your steps."}], TRACES[0][1], "<|im_end|>"),
+    ([{"role": "user", "content": "compute 12 * 3"}], TRACES[1][1], "<|im_end|><|endoftext|>"),
+    ([SYSTEM, {"role": "user", "content": "add 1 and 2"}], TRACES[2][1], "<|im_end|>"),
+]
+
+
+def openrlhf_body(tok, rollouts, pad="", cut=0):
+    """The body OpenRLHF's client posts: each prompt rendered with ``apply_chat_template(...,
+    tokenize=False, add_generation_prompt=True)``, each query ``decode(prompt_ids +
+    response_ids, skip_special_tokens=False)``; ``pad``: the padding around queries of
+    OpenRLHF <= 0.7.5; ``cut``: prompt tokens left-truncated off the query."""
+    prompts, queries = [], []
+    for messages, steps, tail in rollouts:
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"][cut:]
+        ids += tok("\n\n".join(steps) + tail, add_special_tokens=False)["input_ids"]
+        prompts.append(prompt)
+        queries.append(pad * 2 + tok.decode(ids, skip_special_tokens=False) + pad)
+    return {"query": queries, "prompts": prompts, "labels": [""] * len(rollouts)}
+
+
+def assert_rewards_are_v1_scores(server, res, rollouts):
+    """``/get_reward``'s rewards (and scores) are ``/v1/score``'s mean on the plain question
+    (the last user message) and the steps; its step rewards the steps' mu."""
+    assert len(res["rewards"]) == len(rollouts) and res["scores"] == res["rewards"]
+    for reward, step_rewards, (messages, steps, _) in zip(res["rewards"], res["step_rewards"], rollouts):
+        status, want = server.request("POST", "/v1/score", {"question": messages[-1]["content"], "steps": steps})
+        assert status == 200
+        assert reward == pytest.approx(want["scores"]["mean"], abs=1e-6)
+        assert step_rewards == pytest.approx(want["mu"], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(prm_dir, smollm2_tokenizer, tmp_path_factory):
+    """The tiny BetaPRM, told the policy is SmolLM2-135M-Instruct (--policy-tokenizer)."""
+    d = tmp_path_factory.mktemp("smollm2") / "tok"
+    smollm2_tokenizer.save_pretrained(d)
+    s = Server(prm_dir, "--policy-tokenizer", str(d))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def qwen_server(tmp_path_factory):
+    """A tiny BetaPRM whose own tokenizer has Qwen2.5-Instruct's chat template and special
+    tokens (no --policy-tokenizer), started with --allow-no-prompts."""
+    import torch
+
+    from betaprm.tiny import tiny_causal_lm
+
+    d = tmp_path_factory.mktemp("qwen")
+    tok = chat_tokenizer("qwen2.5")
+    tiny_causal_lm(len(tok), arch="qwen2", hidden_size=32).save_pretrained(d / "lm")
+    tok.save_pretrained(d / "lm")
+    prm = BetaPRM.from_backbone(str(d / "lm"))
+    with torch.no_grad():
+        prm.kappa_head.weight.normal_(0, 0.3)
+    prm.save_pretrained(d / "prm")
+    s = Server(d / "prm", "--allow-no-prompts")
+    s.tokenizer = tok
+    yield s
+    s.stop()
+
+
+def test_get_reward_reads_openrlhf_chat_prompts_with_a_policy_tokenizer(smollm2_server, smollm2_tokenizer):
+    """OpenRLHF's exact request (SmolLM2's chat template, a system message, earlier turns,
+    responses ending with <|im_end|> and eos): the rewards are /v1/score's on the last user
+    message and the steps, one request per rollout (OpenRLHF today) or all in one (0.8-0.9).
+    Fails on the previous code: it scored the rendered prompt, role tags and all, as the
+    question and kept <|im_end|> in the last step."""
+    for rollout in ROLLOUTS:
+        status, res = smollm2_server.request("POST", "/get_reward", openrlhf_body(smollm2_tokenizer, [rollout]))
+        assert status == 200, res
+        assert_rewards_are_v1_scores(smollm2_server, res, [rollout])
+    status, res = smollm2_server.request("POST", "/get_reward", openrlhf_body(smollm2_tokenizer, ROLLOUTS))
+    assert status == 200, res
+    assert_rewards_are_v1_scores(smollm2_server, res, ROLLOUTS)
+
+
+def test_get_reward_reads_qwen_prompts_with_the_prms_own_template(qwen_server):
+    """Qwen2.5-Instruct's template (its default system prompt where none is given) from the
+    PRM's own tokenizer: rewards equal /v1/score's, also for queries padded as OpenRLHF <=
+    0.7.5 sent them and for prompts left-truncated in the query. Fails on the previous code:
+    the question was the rendered prompt, and <|im_end|> and the padding stayed in the
+    steps (a padded query did not even start with its prompt)."""
+    tok = qwen_server.tokenizer
+    for body in (
+        openrlhf_body(tok, ROLLOUTS),
+        openrlhf_body(tok, ROLLOUTS, pad="<|endoftext|>"),
+        openrlhf_body(tok, ROLLOUTS, cut=4),
+    ):
+        status, res = qwen_server.request("POST", "/get_reward", body)
+        assert status == 200, res
+        assert_rewards_are_v1_scores(qwen_server, res, ROLLOUTS)
+
+
+def test_get_reward_without_prompts_is_a_400_unless_allowed(smollm2_server, smollm2_tokenizer, qwen_server):
+    """Without "prompts" the server says what is missing (400) unless started with
+    --allow-no-prompts: then the question and the response come from the query alone.
+    Fails on the previous code: the whole query, prompt and all, silently became step 1."""
+    body = openrlhf_body(smollm2_tokenizer, ROLLOUTS[:1])
+    del body["prompts"]
+    status, res = smollm2_server.request("POST", "/get_reward", body)
+    assert status == 400 and "'prompts' is missing" in res["error"] and "--allow-no-prompts" in res["error"]
+    body = openrlhf_body(qwen_server.tokenizer, ROLLOUTS)
+    del body["prompts"]
+    status, res = qwen_server.request("POST", "/get_reward", body)
+    assert status == 200, res
+    assert_rewards_are_v1_scores(qwen_server, res, ROLLOUTS)
+    status, res = qwen_server.request("POST", "/get_reward", {"query": ["what is 3 + 4 ? 3 + 4 = 7"]})
+    assert status == 400 and "no generation prompt" in res["error"]
+
+
+def test_get_reward_answers_empty_lists(server):
+    """OpenRLHF's client splits a batch over its servers and can send one empty lists: the
+    answer is empty lists. Fails on the previous code: an empty 'query' was a 400, which
+    OpenRLHF retries and then drops the whole batch's rewards."""
+    status, res = server.request("POST", "/get_reward", {"query": [], "prompts": [], "labels": []})
+    assert status == 200 and res == {"rewards": [], "scores": [], "step_rewards": []}
 
 
 def test_health_and_models(server):

@@ -28,10 +28,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .card import write_model_card
 from .errors import BetaPRMInputError
 from .formatting import DEFAULT_TEMPLATE, TraceFormat
+from .hub import ModelSource, resolve_model
 
-__all__ = ["BetaPRM", "BetaPRMConfig", "BetaPRMOutput"]
+__all__ = ["BetaPRM", "BetaPRMConfig", "BetaPRMOutput", "load_prm", "model_kind"]
 
 CONFIG_NAME = "betaprm_config.json"
 HEAD_NAME = "kappa_head.safetensors"
@@ -63,6 +65,13 @@ class BetaPRMConfig:
     # processor's are in preprocessor_config.json beside the weights).
     processor_class: str = ""
     processor_kwargs: dict = field(default_factory=dict)
+    # The training objective (set by ``betaprm train``): beta-binomial makes a BetaPRM whose
+    # kappa was trained, any other a standard PRM. Empty in checkpoints of older versions,
+    # whose objective is in their train_summary.json.
+    objective: str = ""
+    # The hub name of the backbone the model was made from (empty for a local folder): the
+    # model card's base_model.
+    base_model: str = ""
     betaprm_version: str = field(default_factory=lambda: _version())
 
     def __post_init__(self):
@@ -218,8 +227,10 @@ class BetaPRM(nn.Module):
 
         from .vision import is_vision_config, load_processor
 
+        base_model = ""
         if isinstance(model_or_path, (str, os.PathLike)):
-            path = str(model_or_path)
+            source = resolve_model(model_or_path, flag="from_backbone")
+            path, base_model = str(source.path), source.name if source.is_hub else ""
             vision = is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
             auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
             backbone = auto.from_pretrained(
@@ -261,6 +272,7 @@ class BetaPRM(nn.Module):
             step_separator=step_separator,
             chat_template=chat_template,
             marker_repeat=marker_repeat,
+            base_model=base_model,
         )
         _ = config.trace_format  # building it validates the template and marker settings
         config.marker_id = _add_marker(backbone, tokenizer, marker)
@@ -375,13 +387,16 @@ class BetaPRM(nn.Module):
         return score_traces(self, [(question, s) for s in steps], batch_size=batch_size)
 
     # ------------------------------------------------------------------ save / load
-    def save_pretrained(self, save_directory, state_dict: dict | None = None) -> None:
-        """Write a Hugging Face-style directory (safetensors only, no pickle).
+    def save_pretrained(self, save_directory, state_dict: dict | None = None, *, card: dict | None = None) -> None:
+        """Write a Hugging Face-style directory (safetensors only, no pickle) with its model
+        card (``README.md``, ``betaprm.card``).
 
         ``state_dict``: this model's full state (``backbone.*`` and ``kappa_head.*``
         keys) when the live parameters are sharded, e.g. gathered from DeepSpeed ZeRO-3
-        or FSDP by ``accelerator.get_state_dict``.
+        or FSDP by ``accelerator.get_state_dict``. ``card``: keyword arguments of
+        ``betaprm.card.model_card`` (name, license, data, results).
         """
+
         from safetensors.torch import save_file
 
         path = Path(save_directory)
@@ -401,23 +416,26 @@ class BetaPRM(nn.Module):
         self.config.tokenizer_class = type(self.tokenizer).__name__
         self.config.tokenizer_probe_ids = _probe_ids(self.tokenizer)
         (path / CONFIG_NAME).write_text(self.config.to_json_string())
+        write_model_card(path, self.config, **(card or {}))
 
     @classmethod
-    def from_pretrained(cls, directory, *, trust_remote_code: bool = False, dtype=None, device=None) -> BetaPRM:
-        """Load a directory written by ``save_pretrained``."""
+    def from_pretrained(
+        cls, name_or_path, *, revision: str | None = None, trust_remote_code: bool = False, dtype=None, device=None
+    ) -> BetaPRM:
+        """Load a BetaPRM written by ``save_pretrained``: a local folder, or a hub name
+        (``OWNER/NAME``, ``revision`` a branch, tag or commit) resolved through the Hugging
+        Face cache (``betaprm.hub``)."""
         import transformers
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         from .data.records import BadJSON, decode_utf8, loads_strict
 
-        path = Path(directory)
+        source = resolve_model(name_or_path, revision, flag="from_pretrained")
+        path = source.path
         cfg_file = path / CONFIG_NAME
         if not cfg_file.is_file():
-            raise BetaPRMInputError(
-                f"{path} is not a BetaPRM checkpoint: {CONFIG_NAME} is missing. For a plain causal LM "
-                "use BetaPRM.from_backbone(path)."
-            )
+            raise BetaPRMInputError(f"{_where(source)} is not a BetaPRM: {_not_a_betaprm(path)}")
         try:
             raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
         except (OSError, BadJSON) as e:
@@ -487,32 +505,80 @@ class BetaPRM(nn.Module):
         return model.eval()
 
 
-def load_prm(path, device, trust_remote_code: bool = False) -> tuple[BetaPRM, str]:
-    """A PRM for scoring, in eval mode on ``device``: ``(prm, kind)``. ``kind`` is
-    ``beta`` (a BetaPRM trained with the beta-binomial objective), ``standard`` (a BetaPRM
-    trained with another objective, per its ``train_summary.json``) or ``zero-shot`` (a
-    plain causal LM wrapped on the fly, scored by its Yes/No logits at each marker)."""
-    if (Path(path) / CONFIG_NAME).is_file():
-        prm = BetaPRM.from_pretrained(path, device=device, trust_remote_code=trust_remote_code)
-        summary = Path(path) / "train_summary.json"
-        objective = "beta-binomial"
-        if summary.is_file():
-            from .data.records import load_json_file
+def load_prm(
+    name_or_path, device, trust_remote_code: bool = False, revision: str | None = None
+) -> tuple[BetaPRM, str]:
+    """A PRM for scoring, in eval mode on ``device``: ``(prm, kind)``, from a folder or a
+    hub name (``betaprm.hub``). ``kind`` (``model_kind``) is ``beta``, ``standard`` or
+    ``zero-shot`` (a plain causal LM wrapped on the fly, scored by its Yes/No logits at each
+    marker). A snapshot holding ``betaprm_config.json`` always loads as the BetaPRM it is:
+    if it cannot, that is an error, never a zero-shot fallback."""
+    source = resolve_model(name_or_path, revision)
+    kind = model_kind(source)
+    if kind == "zero-shot":
+        prm = BetaPRM.from_backbone(str(source.path), trust_remote_code=trust_remote_code)
+        return prm.to(device).eval(), kind
+    return BetaPRM.from_pretrained(source.path, trust_remote_code=trust_remote_code, device=device).eval(), kind
 
-            data = load_json_file(summary, what="a training summary")
-            objective = (
-                data.get("config", {}).get("objective")
-                if isinstance(data, dict) and isinstance(data.get("config"), dict)
-                else None
+
+KINDS = ("beta", "standard", "zero-shot")
+
+
+def model_kind(source: ModelSource | str | os.PathLike) -> str:
+    """How a model folder (or a resolved ``ModelSource``) scores, read from its files
+    without loading weights: ``beta`` (a BetaPRM trained with the beta-binomial objective),
+    ``standard`` (a BetaPRM trained with another objective: its kappa means nothing) or
+    ``zero-shot`` (a plain causal LM). The objective comes from ``betaprm_config.json``, or
+    for checkpoints of older versions from their ``train_summary.json``."""
+    from .data.records import BadJSON, decode_utf8, load_json_file, loads_strict
+
+    if not isinstance(source, ModelSource):
+        source = resolve_model(source)
+    path = source.path
+    cfg_file = path / CONFIG_NAME
+    if not cfg_file.is_file():
+        marks = [f for f in (HEAD_NAME, "train_summary.json", "betaprm_run.json") if (path / f).is_file()]
+        if marks:
+            raise BetaPRMInputError(
+                f"{_where(source)} holds {marks[0]} but no {CONFIG_NAME}: a BetaPRM checkpoint that lost its config "
+                "cannot be loaded (nor scored as a plain language model, which would ignore what it learned); restore "
+                f"{CONFIG_NAME} from where the model was saved, or save it again"
             )
-            if objective is None:
-                raise BetaPRMInputError(
-                    f"{summary}: no config.objective in this training summary; restore the file written by betaprm "
-                    "train"
-                )
-        return prm.eval(), "beta" if objective == "beta-binomial" else "standard"
-    prm = BetaPRM.from_backbone(path, trust_remote_code=trust_remote_code)
-    return prm.to(device).eval(), "zero-shot"
+        return "zero-shot"
+    try:
+        raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
+    except (OSError, BadJSON) as e:
+        raise BetaPRMInputError(
+            f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train"
+        ) from None
+    objective = raw.get("objective") if isinstance(raw, dict) else None
+    summary = path / "train_summary.json"
+    if not objective and summary.is_file():
+        data = load_json_file(summary, what="a training summary")
+        objective = (
+            data.get("config", {}).get("objective")
+            if isinstance(data, dict) and isinstance(data.get("config"), dict)
+            else None
+        )
+        if objective is None:
+            raise BetaPRMInputError(
+                f"{summary}: no config.objective in this training summary; restore the file written by betaprm train"
+            )
+    return "beta" if (objective or "beta-binomial") == "beta-binomial" else "standard"
+
+
+def _where(source: ModelSource) -> str:
+    return f"{source.name} (hub snapshot {source.revision} at {source.path})" if source.is_hub else str(source.path)
+
+
+def _not_a_betaprm(path: Path) -> str:
+    """Why a folder without betaprm_config.json is not loaded as a BetaPRM, and what to do."""
+    if (path / "config.json").is_file():
+        return (
+            f"no {CONFIG_NAME}, it is a plain model. Train a BetaPRM from it (betaprm train --model ...), wrap it "
+            "with BetaPRM.from_backbone, or score it zero-shot with load_prm / the eval-* commands"
+        )
+    return f"no {CONFIG_NAME} and no config.json: not a model folder"
 
 
 def _hidden_size(backbone) -> int:

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from .errors import BetaPRMInputError
+from .hub import resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +78,12 @@ def _hash_file(h, path: Path) -> None:
 def model_fingerprint(path) -> str:
     """A short hex id of a model directory's contents: its weights, configs and tokenizer
     files (by name and content, not by path or modification time, so a copied or moved
-    model keeps its fingerprint). A name that is not a local directory (a hub id) is its
-    own fingerprint: nothing is downloaded to look at it."""
+    model keeps its fingerprint). A hub name is resolved to its snapshot (``betaprm.hub``:
+    the cache, or a download, as loading the model would), so a model has one fingerprint
+    however it is named."""
     p = Path(path)
     if not p.is_dir():
-        return f"name:{path}"
+        p = resolve_model(path).path
     h = hashlib.sha256()
     for f in sorted(p.iterdir()):
         if (

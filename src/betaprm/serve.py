@@ -9,9 +9,18 @@ under uvicorn) with
   ``prod``, ``lin``, and ``rb`` when a sigma threshold ``tau`` is known); ``lam`` and
   ``tau`` may be given per request;
 - ``POST /get_reward``: OpenRLHF's remote reward-model contract, ``{"query": [...],
-  "prompts": [...]}`` -> ``{"rewards": [...], "step_rewards": [[...]]}``: the response is
-  the query after its prompt, cut into steps at ``step_separator``; the reward is the
-  ``aggregate`` trace score;
+  "prompts": [...], "labels": [...]}`` -> ``{"rewards": [...], "scores": [...],
+  "step_rewards": [[...]]}``. A prompt is the conversation rendered with the policy's chat
+  template and a query that prompt followed by the response and its special tokens
+  (``<|im_end|>``, padding); ``betaprm.chat.ChatTemplateReader``, built from the chat
+  template of ``policy_tokenizer`` (else the PRM's tokenizer), reads the question (the
+  last user message's content; a prompt without the template's role markers is the
+  question as it stands) and the response (the query after its prompt, special tokens
+  removed), which is cut into steps at ``step_separator``; the reward (and ``scores``, the
+  same numbers) is the ``aggregate`` trace score, ``step_rewards`` the steps' ``mu``. A
+  request without ``prompts`` is refused (400) unless ``allow_no_prompts``: then the
+  question and the response are read from the query alone (the response starts after the
+  template's last generation prompt). An empty ``query`` list gets empty lists;
 - ``GET /health`` and ``GET /v1/models``.
 
 Concurrent requests are batched dynamically: traces queue up, and a single worker takes
@@ -35,6 +44,7 @@ from dataclasses import dataclass
 # At module level: FastAPI reads the handlers' annotations (``Request``) from here.
 from fastapi import Request
 
+from .chat import reward_reader, reward_traces
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
 from .scoring import DEFAULT_MAX_BATCH_TOKENS, max_positions, score_token_ids
@@ -56,6 +66,13 @@ class ServeSettings:
     step_separator: str = "\n\n"
     api_key: str | None = None
     model_name: str = "betaprm"
+    model_kind: str = "beta"  # betaprm.model.model_kind: beta, standard or zero-shot; shown by /v1/models
+    # /get_reward: the policy's tokenizer (a folder or hub name, or a tokenizer object) whose
+    # chat template rendered the prompts; None: the PRM's tokenizer's template.
+    policy_tokenizer: object | None = None
+    # /get_reward: accept a request without "prompts" (read both parts from the query).
+    allow_no_prompts: bool = False
+    trust_remote_code: bool = False  # for loading policy_tokenizer
 
 
 class RequestError(Exception):
@@ -241,6 +258,7 @@ def create_app(prm, settings: ServeSettings | None = None):
     if settings.aggregate == "rb" and settings.tau is None:
         raise BetaPRMInputError("--aggregate rb needs --tau (S_RB's sigma threshold)")
     batcher = _Batcher(prm.eval(), settings)
+    reader = reward_reader(prm, settings)
     vision = prm.processor is not None  # images come as data URLs in /v1/score
     limit = batcher.limit
 
@@ -310,6 +328,7 @@ def create_app(prm, settings: ServeSettings | None = None):
                 {
                     "id": settings.model_name,
                     "object": "model",
+                    "kind": settings.model_kind,
                     "marker": c.marker,
                     "reward_tokens": list(c.reward_tokens),
                     "max_positions": limit,
@@ -341,27 +360,25 @@ def create_app(prm, settings: ServeSettings | None = None):
     @app.post("/get_reward")
     async def get_reward(request: Request):
         body = await body_of(request)
-        if not isinstance(body, dict) or not isinstance(body.get("query"), list) or not body["query"]:
+        if not isinstance(body, dict) or not isinstance(body.get("query"), list):
             raise RequestError(
-                400, 'the body must be {"query": [texts], "prompts": [texts]} (OpenRLHF\'s remote reward model)'
+                400,
+                'the body must be {"query": [texts], "prompts": [texts], "labels": [...]} (OpenRLHF\'s remote '
+                "reward model)",
             )
-        queries, prompts = body["query"], body.get("prompts")
-        if prompts is not None and (not isinstance(prompts, list) or len(prompts) != len(queries)):
-            raise RequestError(400, f"'prompts' must be a list with one prompt per query ({len(queries)})")
-        traces, names = [], []
-        for i, q in enumerate(queries):
-            if not isinstance(q, str) or (prompts is not None and not isinstance(prompts[i], str)):
-                raise RequestError(400, f"query[{i}] and its prompt must be strings")
-            prompt = prompts[i] if prompts is not None else ""
-            response = q[len(prompt) :] if q.startswith(prompt) else q
-            steps = [s.strip() for s in response.split(settings.step_separator) if s.strip()]
-            if not steps:
-                raise RequestError(400, f"query[{i}] has no response text after its prompt to score")
-            traces.append((prompt, steps))
-            names.append(f"query[{i}]")
+        if not body["query"]:  # OpenRLHF's client sends empty lists to spare servers
+            return JSONResponse({"rewards": [], "scores": [], "step_rewards": []})
+        try:
+            traces = reward_traces(
+                body["query"], body.get("prompts"), reader, settings.step_separator, settings.allow_no_prompts
+            )
+        except BetaPRMInputError as e:
+            raise RequestError(400, str(e)) from None
+        names = [f"query[{i}]" for i in range(len(traces))]
         check(traces, names)
         scores = await batcher.score(traces, names)
         agg = [trace_scores(s, settings.lam, settings.tau)[settings.aggregate] for s in scores]
-        return JSONResponse({"rewards": agg, "step_rewards": [s.mu.tolist() for s in scores]})
+        # OpenRLHF reads "rewards", and "scores" (dynamic filtering) when present.
+        return JSONResponse({"rewards": agg, "scores": agg, "step_rewards": [s.mu.tolist() for s in scores]})
 
     return app

@@ -44,7 +44,11 @@ STATE_NAME = "model.safetensors"
 class TrainConfig:
     """``betaprm train`` options. Defaults are the paper's (appendix A.2)."""
 
-    model: str = _f("", "causal-LM directory or hub id to start from, or a BetaPRM checkpoint to continue")
+    model: str = _f(
+        "",
+        "a causal LM to start from, or a BetaPRM to continue training: a folder, or a hub name "
+        "OWNER/NAME[@REVISION] from the Hugging Face cache or hub",
+    )
     data: str = _f(
         "",
         "training records: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT]); see `betaprm "
@@ -116,6 +120,11 @@ class TrainConfig:
         "`hf auth login` or HF_TOKEN)",
     )
     hub_private: bool = _f(False, "with --push-to-hub: create the repository as private")
+    license: str | None = _f(
+        None,
+        "the trained model's licence in its model card (README.md), a hub licence id such as apache-2.0; default: "
+        "the base model's, read from its own card, else other",
+    )
     overwrite_output_dir: bool = _f(
         False,
         "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model "
@@ -595,20 +604,14 @@ def load_or_create(cfg: TrainConfig):
     """A BetaPRM from a BetaPRM checkpoint or a plain causal LM (new head)."""
     from safetensors import SafetensorError
 
-    from .model import CONFIG_NAME, BetaPRM
+    from .hub import resolve_model
+    from .model import BetaPRM, model_kind
 
-    path = Path(cfg.model)
-    if (path / CONFIG_NAME).is_file():
-        return BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    # A hub id is "name" or "org/name"; anything else that is not on disk is a wrong path
-    # (checked here so that no hub request is made for it).
-    if not path.exists() and (
-        path.is_absolute() or cfg.model.startswith(".") or cfg.model.count("/") > 1 or "\\" in cfg.model
-    ):
-        raise BetaPRMInputError(
-            f"--model {cfg.model}: no such directory; give a causal-LM directory, a BetaPRM checkpoint or a Hugging "
-            "Face hub id"
-        )
+    # A folder or a hub name (resolved through the hub cache; a path that is not on disk is
+    # an error, never a hub request). A BetaPRM, however named, continues as the BetaPRM it is.
+    source = resolve_model(cfg.model)
+    if model_kind(source) != "zero-shot":
+        return BetaPRM.from_pretrained(source.path, trust_remote_code=cfg.trust_remote_code)
     try:
         return BetaPRM.from_backbone(
             cfg.model,
@@ -747,6 +750,7 @@ NOT_RESULTS = {
     "overwrite_output_dir",
     "push_to_hub",
     "hub_private",
+    "license",
     "on_error",
     "rejects",
     "trust_remote_code",
@@ -767,9 +771,9 @@ def uses_batch_rebalance(cfg: TrainConfig) -> bool:
 def run_record(cfg: TrainConfig) -> dict:
     """The run's settings (data and starting model by fingerprint, the hyperparameters
     that change the result) and, for messages only, where the data and model came from."""
-    from .provenance import fingerprint, settings_of
+    from .provenance import fingerprint, model_fingerprint, settings_of
 
-    settings = {"data": fingerprint(cfg.data), "model": fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    settings = {"data": fingerprint(cfg.data), "model": model_fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
     # Recorded only when not the default: older checkpoints, without them, still resume.
     for name, default in (("max_tokens_per_batch", 0), ("freeze_layers", 0), ("step_weights", "batch")):
         if getattr(cfg, name) == default:
@@ -931,6 +935,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         _check_resume(resume, record, say)  # before the model loads: a wrong resume stops at once
 
     prm = load_or_create(cfg)
+    prm.config.objective = cfg.objective  # saved in betaprm_config.json: how the model scores (model_kind)
     if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
         raise BetaPRMInputError(
             f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); "
@@ -1048,7 +1053,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     if hasattr(prm.backbone, "merge_and_unload"):
         prm.backbone = prm.backbone.merge_and_unload()
     if trainer.args.should_save:
-        prm.save_pretrained(out_dir, state_dict=full_state)
+        prm.save_pretrained(out_dir, state_dict=full_state, card=card_of(cfg))
         summary = {
             "config": asdict(cfg),
             "run": record,
@@ -1068,10 +1073,24 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     if cfg.push_to_hub and trainer.args.should_save:
         url = push_to_hub(out_dir, cfg.push_to_hub, cfg.hub_private)
         say(
-            f"uploaded the BetaPRM to {url}; to use it elsewhere, `hf download {cfg.push_to_hub} --local-dir DIR` "
-            "and pass DIR as --model (betaprm loads BetaPRMs from local folders)"
+            f"uploaded the BetaPRM to {url}; load it by name anywhere: `--model {cfg.push_to_hub}` in every betaprm "
+            f"command, or BetaPRM.from_pretrained({cfg.push_to_hub!r})"
         )
     return prm, trainer, dataset.stats
+
+
+def card_of(cfg: TrainConfig) -> dict:
+    """The model card's settings for the final model (``betaprm.card.model_card``): its hub
+    name, licence (``--license``, else the base model's card's) and training data."""
+    from .card import license_of
+    from .hub import resolve_model
+    from .provenance import data_fingerprint
+
+    return {
+        "name": cfg.push_to_hub,
+        "license": cfg.license or license_of(resolve_model(cfg.model).path),
+        "data": {"name": cfg.data, "fingerprint": data_fingerprint(cfg.data)},
+    }
 
 
 def end_process_group() -> None:

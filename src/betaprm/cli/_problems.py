@@ -13,7 +13,10 @@ from ..options import opt as _f
 
 @dataclass
 class ProblemOptions:
-    model: str = _f("", "the PRM directory that scores (betaprm train output)")
+    model: str = _f(
+        "",
+        "the BetaPRM that scores (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
+    )
     out: str = _f("", "JSONL file of per-problem records (appended; a rerun resumes)")
     problems: str | None = _f(
         None,
@@ -75,9 +78,16 @@ def result_settings(cfg, not_results=NOT_RESULTS) -> dict:
 def run_with_output(cfg, run, not_results=NOT_RESULTS):
     """``run(cfg)`` with --out checked against its earlier settings and locked, before the
     model loads: a wrong resume stops at once."""
+    from ..model import model_kind
     from ..provenance import open_output
 
-    where = {"model": cfg.model, "policy": cfg.policy, "problems": cfg.problems, "world_config": cfg.world_config}
+    where = {
+        "model": cfg.model,
+        "model_kind": model_kind(cfg.model),
+        "policy": cfg.policy,
+        "problems": cfg.problems,
+        "world_config": cfg.world_config,
+    }
     with open_output(cfg.out, result_settings(cfg, not_results), where):
         return run(cfg)
 
@@ -89,11 +99,12 @@ def setup(cfg) -> SimpleNamespace:
     import torch
 
     from ..generation.factory import build_generator
-    from ..model import BetaPRM
+    from ..model import BetaPRM, model_kind
     from ..scoring import PRMScorer
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     prm = BetaPRM.from_pretrained(cfg.model, device=device).eval()
+    print(f"{cfg.model} ({model_kind(cfg.model)}) scores the candidates")
     run = SimpleNamespace(prm=prm, scorer=PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens), close=lambda: None)
     if cfg.problems is None:
         from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks

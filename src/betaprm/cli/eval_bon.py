@@ -29,7 +29,10 @@ class EvalBonConfig(ScoringOptions):
         "comma-separated pool sources, one per benchmark (JSONL, .json, parquet, a save_to_disk folder or a hub name; "
         "the file or folder name is the benchmark name)",
     )
-    model: str | None = _f(None, "a PRM directory, to score pools that have no mu/kappa/sigma")
+    model: str | None = _f(
+        None,
+        "a PRM: a folder, or a hub name OWNER/NAME[@REVISION], to score pools that have no mu/kappa/sigma",
+    )
     out: str | None = _f(None, "write the results here (JSON)")
     plots: str | None = _f(None, "write Best-of-n curves (PNG, one per benchmark) into this folder")
     val_fraction: float = _f(0.2, "fraction of each benchmark's problems used to tune S_lin and S_RB")
@@ -123,7 +126,7 @@ def run(args):
         if cfg.judge_url
         else AnswerChecker(timeout=cfg.check_timeout)
     )
-    prm = None
+    prm, kind = None, None
     results, curves = {}, {}
     for path in [p.strip() for p in cfg.pools.split(",") if p.strip()]:
         name = Path(path).stem
@@ -156,7 +159,9 @@ def run(args):
                     f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score "
                     "first)"
                 )
-            prm = prm or _load(cfg)
+            if prm is None:
+                prm, kind = _load(cfg)
+                print(f"{cfg.model} ({kind}) scores the pools that have no scores")
             _score_in_place(prm, records, cfg, path)
         before = checker.failed
         pools = check_pools(records, final_answer, checker.check_many)
@@ -202,6 +207,8 @@ def run(args):
         "benchmarks": results,
         "avg_gain_vs_single_pass": gains,
         "judge": cfg.judge_model if cfg.judge_url else "math-verify",
+        # the kind of the model that scored pools here; None when every pool came scored
+        "model_kind": kind,
     }
     if cfg.out:
         write_result(cfg.out, out, result_settings(cfg), {"model": cfg.model})
@@ -220,7 +227,7 @@ def _load(cfg):
     from ..model import load_prm
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    return load_prm(cfg.model, device)[0]
+    return load_prm(cfg.model, device)
 
 
 def _score_in_place(prm, records, cfg, path):

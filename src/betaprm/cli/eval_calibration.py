@@ -21,7 +21,10 @@ hub name (NAME[:SPLIT]). The records must not have been trained on."""
 
 @dataclass
 class EvalCalibrationConfig(ScoringOptions):
-    model: str = _f("", "a BetaPRM (or standard PRM) directory")
+    model: str = _f(
+        "",
+        "a BetaPRM or standard PRM: a folder, or a hub name OWNER/NAME[@REVISION]",
+    )
     data: str = _f("", "held-out count records: JSONL, .json, parquet, a save_to_disk folder or a hub name")
     out: str | None = _f(None, "write the metrics as JSON here")
     plots: str | None = _f(None, "write reliability.png and sigma_error.png into this folder")

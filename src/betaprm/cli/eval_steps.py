@@ -17,12 +17,20 @@ visualprocessbench  the paper's appendix A.4: question, response.steps, response
                     by problem) and applied to the rest; overall micro-F1 and per-source macro-F1.
 processbench        id, problem, steps, label (index of the first wrong step, -1 if none). The
                     predicted first error is the first step whose score is not above the threshold
-                    (the official script's rule, ties flagged); per subset the accuracy on erroneous
-                    and on correct items and their harmonic mean F1, then the mean F1 over subsets.
-                    A hub name or saved folder with the four splits is read whole (split = subset).
+                    (the rule of the repository's community script for two-class PRMs, ties
+                    flagged); per subset the accuracy on erroneous and on correct items and their
+                    harmonic mean F1, then the mean F1 over subsets, as the official metric code
+                    computes them: undefined (n/a, null in JSON) where it gives nan. A hub name or
+                    a folder with the four splits is read whole (split = subset).
 prmbench            PRMBench's classified records (modified_process, error_steps, classification):
                     F1, negative F1 and PRMScore per category, per group and overall, as its
                     evaluator computes them (step positive when its score is above the threshold).
+                    Records as the official data has them are read as its evaluator reads them:
+                    an error step past the last step is never visited, an empty step is scored;
+                    the output counts both. A folder of its .jsonl files is read whole.
+
+Every step is scored: a trace longer than the model's positions stops the run, naming it.
+--truncate steps (opt-in) scores the whole steps that fit; the table says how many items it cut.
 
 Step score (--score auto): mu for a standard PRM or a plain causal LM scored zero-shot (the
 Yes/No logits at each marker); for a BetaPRM mu - 0.5*sigma when the threshold is chosen on
@@ -36,7 +44,10 @@ FORMATS = ("visualprocessbench", "processbench", "prmbench")
 
 @dataclass
 class EvalStepsConfig(ScoringOptions):
-    model: str = _f("", "a BetaPRM directory, or a plain causal-LM directory (scored zero-shot)")
+    model: str = _f(
+        "",
+        "a BetaPRM, or a plain causal LM scored zero-shot: a folder, or a hub name OWNER/NAME[@REVISION]",
+    )
     data: str = _f(
         "", "the benchmark's records: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])"
     )
@@ -203,16 +214,22 @@ def _processbench(cfg, items, step_scores, threshold) -> dict:
     )
     print(f"threshold {res['threshold']:.4f} ({where}); a step is correct when its score is above it")
     print(table(res))
+    cut = sum(m["n_truncated"] for m in res["subsets"].values())
     undecided = sum(m["n_undecided"] for m in res["subsets"].values())
     print(
         f"{res['n_items']} items"
-        + (f" ({undecided} undecided: cut off before any flagged step, counted as misses)" if undecided else "")
+        + (
+            f"; --truncate steps cut {cut} of them to the model's positions, and {undecided} of those have no flagged "
+            "step among the scored ones (predicted -1 from the scored steps alone)"
+            if cut
+            else ""
+        )
     )
     return res
 
 
 def _prmbench(items, step_scores, threshold) -> dict:
-    from ..evaluation.prmbench import CATEGORIES, CORRECT, evaluate_prmbench, table
+    from ..evaluation.prmbench import CATEGORIES, CORRECT, describe_irregular, evaluate_prmbench, table
 
     res = evaluate_prmbench(items, step_scores, float(threshold))
     print(f"threshold {res['threshold']:.4f}; a step is positive (correct) when its score is above it")
@@ -232,6 +249,9 @@ def _prmbench(items, step_scores, threshold) -> dict:
     )
     if res["n_unscored_steps"]:
         print(f"{res['n_unscored_steps']} steps lay beyond the model's positions and were skipped (--truncate steps)")
+    note = describe_irregular(res["irregular"])
+    if note:
+        print(note)
     return res
 
 

@@ -39,7 +39,10 @@ NOT_RESULTS = {
 
 @dataclass
 class ScoreConfig(ScoringOptions):
-    model: str = opt("", "BetaPRM directory (from betaprm train)")
+    model: str = opt(
+        "",
+        "a BetaPRM (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
+    )
     input: str = opt("", "candidate pools: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])")
     output: str = opt("", "scored pools (JSONL, appended)")
     device: str = opt("auto", "auto (cuda when present), cpu, cuda, cuda:1, ...")
@@ -71,7 +74,8 @@ def run(args):
 
     import torch
 
-    from ..model import BetaPRM
+    from ..hub import resolve_model
+    from ..model import BetaPRM, model_kind
     from ..provenance import model_fingerprint, open_output, settings_of
     from ..scoring import score_pool_file
     from ._config import config_from_args
@@ -79,10 +83,18 @@ def run(args):
     cfg = config_from_args(ScoreConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     rejects = cfg.rejects or str(Path(cfg.output).with_suffix("")) + ".rejects.jsonl"
-    settings = {"model": model_fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    source = resolve_model(cfg.model)
+    kind = model_kind(source)
+    if kind == "zero-shot":  # refused before any output is opened
+        BetaPRM.from_pretrained(source.path)  # raises the "not a BetaPRM" error, naming the fix
+    settings = {"model": model_fingerprint(source.path), **settings_of(cfg, NOT_RESULTS)}
+    info = {"model": cfg.model, "model_kind": kind, "input": cfg.input}
+    if source.is_hub:
+        info["model_revision"] = source.revision
+    print(f"{cfg.model} ({kind})")
     # Checked (and locked) before the model loads: a wrong resume stops at once.
-    with open_output(cfg.output, settings, {"model": cfg.model, "input": cfg.input}, flag="--output"):
-        prm = BetaPRM.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code, device=device)
+    with open_output(cfg.output, settings, info, flag="--output"):
+        prm = BetaPRM.from_pretrained(source.path, trust_remote_code=cfg.trust_remote_code, device=device)
         s = score_pool_file(
             prm,
             cfg.input,

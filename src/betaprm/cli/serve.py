@@ -12,9 +12,15 @@ DESCRIPTION = """Serve a trained BetaPRM (or a plain causal LM, scored zero-shot
 
 POST /v1/score   {"question": ..., "steps": [...]} or {"items": [...]}  ->  mu, kappa, sigma per
                  step and the trace scores mean, min, last, prod, lin (and rb with --tau)
-POST /get_reward {"query": [...], "prompts": [...]}  ->  {"rewards": [...], "step_rewards": [...]}
-                 (OpenRLHF's --remote_rm_url contract; the response after the prompt is cut into
-                 steps at --step-separator, the reward is the --aggregate trace score)
+POST /get_reward {"query": [...], "prompts": [...], "labels": [...]}  ->  {"rewards": [...],
+                 "scores": [...], "step_rewards": [...]}: OpenRLHF's remote reward model
+                 (--reward.remote_url http://HOST:PORT/get_reward; older: --remote_rm_url). The
+                 question is the last user message of the chat-templated prompt (read with the
+                 template of --policy-tokenizer, else of the PRM's tokenizer; a prompt without
+                 role markers is the question as it is); the response is the query after its
+                 prompt, special tokens (<|im_end|>, padding) removed, cut into steps at
+                 --step-separator; the reward is the --aggregate trace score. A request without
+                 "prompts" is a 400 unless --allow-no-prompts.
 GET  /health, GET /v1/models
 
 Requests arriving together are scored together (up to --max-batch-tokens, waiting at most
@@ -27,7 +33,11 @@ Requests arriving together are scored together (up to --max-batch-tokens, waitin
 
 @dataclass
 class ServeConfig:
-    model: str = _f("", "a BetaPRM directory (betaprm train output), or a plain causal LM scored zero-shot")
+    model: str = _f(
+        "",
+        "a BetaPRM (betaprm train output), or a plain causal LM scored zero-shot: a folder, or a hub name "
+        "OWNER/NAME[@REVISION]",
+    )
     host: str = _f(
         "127.0.0.1", "address to listen on (0.0.0.0 exposes the server to the network: set --api-key-env then)"
     )
@@ -42,6 +52,16 @@ class ServeConfig:
     )
     aggregate: str = _f("mean", "/get_reward's reward: mean, min, last, prod, lin or rb (rb needs --tau)")
     step_separator: str = _f("\n\n", "/get_reward: the text between two steps of a response")
+    policy_tokenizer: str | None = _f(
+        None,
+        "/get_reward: the policy's tokenizer (a folder or hub name, loaded with AutoTokenizer) whose chat template "
+        "rendered OpenRLHF's prompts; without it the PRM's tokenizer's template is used",
+    )
+    allow_no_prompts: bool = _f(
+        False,
+        "/get_reward: accept requests without 'prompts', reading the question and the response from the "
+        "chat-templated query alone (the response starts after the template's last generation prompt)",
+    )
     api_key_env: str | None = _f(
         None, "the NAME of an environment variable holding a key that clients must send as 'Authorization: Bearer KEY'"
     )
@@ -91,13 +111,17 @@ def run(args):
         raise BetaPRMInputError(
             f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'"
         ) from None
+    from ..chat import load_policy_tokenizer
     from ..generation.factory import read_api_key
     from ..model import load_prm
     from ._config import config_from_args
 
     cfg = config_from_args(ServeConfig, args)
+    # Before the model: a bad --policy-tokenizer stops at once.
+    policy = load_policy_tokenizer(cfg.policy_tokenizer, cfg.trust_remote_code) if cfg.policy_tokenizer else None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    prm, _ = load_prm(cfg.model, device, cfg.trust_remote_code)
+    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
+    print(f"serving {cfg.model} ({kind}) on http://{cfg.host}:{cfg.port}", flush=True)
     settings = ServeSettings(
         max_batch_tokens=cfg.max_batch_tokens,
         max_wait_ms=cfg.max_wait_ms,
@@ -108,6 +132,10 @@ def run(args):
         step_separator=cfg.step_separator,
         api_key=read_api_key(cfg.api_key_env),
         model_name=cfg.model,
+        model_kind=kind,
+        policy_tokenizer=policy,
+        allow_no_prompts=cfg.allow_no_prompts,
+        trust_remote_code=cfg.trust_remote_code,
     )
     app = create_app(prm, settings)
     # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops.

@@ -4,7 +4,8 @@ name, from the local cache when offline, or a local folder of data files).
 
 A source is named by one string, ``SPEC[:SPLIT]``: ``train.jsonl``, ``counts.parquet``,
 ``saved_folder``, ``saved_folder:test``, ``Qwen/ProcessBench:gsm8k``. A plain folder of data
-files (``gsm8k.json``, ``math.json``) has one split per file, named by the file's stem. An existing path
+files (``gsm8k.json``, ``math.json``) has one split per file, named by the file's stem; JSON,
+JSONL and parquet files there are read as files are (line by line, each with its own fields). An existing path
 always wins over the ``:SPLIT`` reading, so a file whose name holds a colon still opens.
 A source with several splits and none named is an error listing them, unless the caller
 reads every split (``iter_splits``, as the ProcessBench evaluator does: its splits are
@@ -174,7 +175,37 @@ def iter_splits(spec, flag: str | None = None, all_splits: bool = True) -> list[
         raise BetaPRMInputError(
             f"{flag + ' ' if flag else ''}{spec}: {name} is a file, which has no splits; drop ':{split}'"
         )
+    own = _own_files(Path(name))
+    if own:
+        # Read line by line like a single file (exact rows, errors naming file and line):
+        # datasets would cast every file to one schema and refuse files whose fields differ.
+        if split is not None:
+            if split not in own:
+                raise BetaPRMInputError(
+                    f"{flag + ' ' if flag else ''}{name}:{split}: no file {split}.* in {name}; it has {', '.join(own)}"
+                )
+            return [(split, _file_rows(own[split], flag))]
+        if len(own) > 1 and not all_splits:
+            first = next(iter(own))
+            raise BetaPRMInputError(
+                f"{flag + ' ' if flag else ''}{name} has {len(own)} data files ({', '.join(own)}); name one as "
+                f"{name}:STEM, e.g. {name}:{first}, or give the file"
+            )
+        return [(stem, _file_rows(f, flag)) for stem, f in own.items()]
     return [(s, _table_rows(ds)) for s, ds in _splits(name, split, flag, all_splits)]
+
+
+def _own_files(folder: Path) -> dict[str, Path]:
+    """A plain folder's JSON, JSONL and parquet files by stem (each a split), when it holds
+    only such files; otherwise nothing (datasets reads the folder)."""
+    if not folder.is_dir() or is_saved_dataset(folder):
+        return {}
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in LOADABLE)
+    if not files or any(f.suffix not in (".jsonl", ".json", ".parquet") for f in files):
+        return {}
+    if len({f.suffix == ".parquet" for f in files}) > 1:
+        return {}  # several kinds: _open_dataset names them
+    return {f.stem: f for f in files}
 
 
 def iter_rows(spec, flag: str | None = None) -> Iterator[Row]:

@@ -26,11 +26,17 @@ evaluator keys its items by them. The overall PRMScore comes from the pooled cou
 the mean of the categories; a group's score (simplicity, soundness, sensitivity) is the
 unweighted mean of its categories' PRMScores.
 
+Records as the official data has them, read as its evaluator reads them (its loop runs
+over the steps that were scored, ``for idx in range(len(labels))``): an ``error_steps``
+number past the last step is never visited (the record is scored on its steps; 100 records
+of the release list one, 16 of them none inside the solution), and an empty step is scored
+like any other (3 records). Such records are counted (``irregular``), never refused.
+
 Not reproduced: the evaluator's separate redundancy labels for ``redundency`` and
 ``circular`` (``step_level_redundancy_labels``), which only models with a redundancy
 output (ReasonEval) produce; a PRM with one score per step is judged on validity, as the
-evaluator does for every other model. Steps without a score (``--truncate steps``) are
-skipped, as the evaluator's loop over the predicted labels skips them, and counted.
+evaluator does for every other model. Steps without a score (``--truncate steps``, opt-in)
+are skipped, as the same loop skips them, and counted.
 """
 
 from __future__ import annotations
@@ -66,8 +72,12 @@ class PRMBenchItem:
     id: str
     question: str
     steps: list[str]
-    error_steps: set[int]  # 0-based
+    error_steps: set[int]  # 0-based; as in the official data, some may lie past the last step
     category: str
+
+    @property
+    def error_past_end(self) -> bool:
+        return any(e >= len(self.steps) for e in self.error_steps)
 
 
 def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
@@ -91,10 +101,11 @@ def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
                 raise BetaPRMInputError(f"{where}: field 'idx' must be a string or an integer, got {short_repr(idx)}")
 
             def steps_of(key, where=where, r=r):
+                # Empty steps occur in the official data; its evaluator scores them like any other.
                 s = r.get(key)
-                if not isinstance(s, list) or not s or not all(isinstance(x, str) and x.strip() for x in s):
+                if not isinstance(s, list) or not s or not all(isinstance(x, str) for x in s):
                     raise BetaPRMInputError(
-                        f"{where}: field {key!r} must be a non-empty list of non-empty strings, got {short_repr(s)}"
+                        f"{where}: field {key!r} must be a non-empty list of strings, got {short_repr(s)}"
                     )
                 return s
 
@@ -109,14 +120,12 @@ def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
             seen.add(f"{cat}_{idx}")
             steps = steps_of("modified_process")
             errs = r.get("error_steps", [])
-            if (
-                not isinstance(errs, list)
-                or not all(isinstance(e, int) and not isinstance(e, bool) for e in errs)
-                or not all(1 <= e <= len(steps) for e in errs)
+            # A number past the last step is kept: the evaluator never visits it (module docstring).
+            if not isinstance(errs, list) or not all(
+                isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in errs
             ):
                 raise BetaPRMInputError(
-                    f"{where}: field 'error_steps' must list step numbers from 1 to {len(steps)} (1-based), got "
-                    f"{short_repr(errs)}"
+                    f"{where}: field 'error_steps' must list step numbers (1-based, from 1), got {short_repr(errs)}"
                 )
             items.append(
                 PRMBenchItem(f"{cat}_{idx}", question_of("modified_question"), steps, {e - 1 for e in errs}, cat)
@@ -204,7 +213,34 @@ def evaluate_prmbench(
         "groups": groups,
         "n_items": len(items),
         "n_unscored_steps": int(skipped),
+        "irregular": irregular(items),
     }
+
+
+def irregular(items: Sequence[PRMBenchItem]) -> dict:
+    """How many items the official data gives in shapes its evaluator reads leniently:
+    error steps past the last step (and of those, none inside), empty steps."""
+    past = [it for it in items if it.error_past_end]
+    return {
+        "error_step_past_end": len(past),
+        "no_error_step_inside": sum(all(e >= len(it.steps) for e in it.error_steps) for it in past),
+        "empty_step": sum(any(not s.strip() for s in it.steps) for it in items),
+    }
+
+
+def describe_irregular(counts: dict) -> str | None:
+    """One line for the printed output, or None when every item is regular."""
+    parts = []
+    if counts["error_step_past_end"]:
+        parts.append(
+            f"{counts['error_step_past_end']} items list an error step past their last step "
+            f"({counts['no_error_step_inside']} of them none inside the solution): those numbers are never visited"
+        )
+    if counts["empty_step"]:
+        parts.append(f"{counts['empty_step']} items have an empty step, scored like any other")
+    if not parts:
+        return None
+    return "note: " + "; ".join(parts) + " (as PRMBench's evaluator reads them)"
 
 
 def table(res: dict) -> str:

@@ -4,22 +4,33 @@ Records: ``id``, ``generator``, ``problem``, ``steps``, ``final_answer_correct``
 ``label``, the index (0-based) of the first wrong step, or -1 when every step is right.
 The hub data set's splits (gsm8k, math, olympiadbench, omnimath) are its subsets.
 
-The rule, as the official PRM evaluation (``code/run_eval_prm_trl.py``) applies it: the
-predicted first error is the first step the PRM does not call correct, -1 when it calls
-every step correct, and an item is right when the prediction equals ``label`` exactly. That
-script calls a step correct when the correct class wins the argmax of the two-class
-logits; ``torch.argmax`` breaks a tie towards the first class (the error), so a step is
-correct only when its probability is *strictly above* 0.5. The same strict ``>`` holds
-here for any threshold: score > threshold is correct, anything else is flagged.
+Where each rule comes from (QwenLM/ProcessBench):
 
-Per subset: accuracy on the erroneous items (first error located exactly), accuracy on the
-correct items (no step flagged), and their harmonic mean, F1; the average is the plain
-mean of the subsets' F1 (as the official script prints it), all in percent. Where both
-accuracies are 0 the official script's F1 is nan (0/0); here it is 0.
+- The metrics are the block every evaluation script of the repository shares (main
+  branch: ``code/run_eval.py``, ``code/run_eval_prm_rlhflow.py``): an item is right when
+  its predicted first error equals ``label`` exactly; per subset ``acc1`` is the mean over
+  the erroneous items, ``acc2`` over the correct ones, ``f1 = 2 * acc1 * acc2 / (acc1 +
+  acc2)``, all in percent, with no guard: a subset without erroneous or without correct
+  items has a nan accuracy (``np.mean([])``), and its F1 is nan; so is an F1 whose
+  accuracies are both 0 (0/0). Those are reported as undefined (``None`` in JSON, ``n/a``
+  in the table, with the reason), never as 0.
+- The average F1 is the plain mean of the subsets' F1, as the community script for PRMs
+  scored by two-class logits prints it (``code/run_eval_prm_trl.py``, pull request 12, not
+  on the main branch): nan when any subset's F1 is.
+- The step rule is that same community script's: the predicted first error is the first
+  step the PRM does not call correct, -1 when it calls every step correct; a step is
+  correct when the correct class wins ``torch.argmax`` of the two-class logits, which
+  breaks a tie towards the first class (the error), so a step is correct only when its
+  probability is *strictly above* 0.5. The same strict ``>`` holds here for any
+  threshold. (The main branch's PRM script asks a generative PRM step by step and stops at
+  the first step not judged ``+``: the same first-error rule.)
 
-A trace cut to the model's positions (``--truncate steps``) has scores for its first steps
-only. If one of them is flagged the prediction is known; if none is and steps are left
-unscored, the prediction is unknown and the item counts as a miss (``n_undecided``).
+Every step is scored: a trace longer than the model's positions is an error naming the
+item (``--truncate error``, the default). ``--truncate steps`` is opt-in: a cut trace has
+scores for its first steps only, and its prediction comes from those (the first flagged
+one, else -1), as a script that loops over the scores it has would; the output counts the
+items cut (``n_truncated``) and those whose prediction rests on the cut (``n_undecided``:
+no flagged step among the scored ones).
 """
 
 from __future__ import annotations
@@ -83,32 +94,51 @@ def read_processbench(spec, flag: str = "--data") -> list[PBItem]:
     return items
 
 
-def predicted_first_error(scores: np.ndarray, n_steps: int, threshold: float) -> int | None:
-    """The first step whose score is not above ``threshold``; -1 when all ``n_steps`` are
-    scored and above it; None when none of the scored steps is flagged but some steps
-    were not scored (unknown)."""
+def predicted_first_error(scores: np.ndarray, threshold: float) -> int:
+    """The first scored step whose score is not above ``threshold``; -1 when none is."""
     flagged = np.flatnonzero(~(np.asarray(scores, dtype=np.float64) > threshold))
-    if len(flagged):
-        return int(flagged[0])
-    return -1 if len(scores) >= n_steps else None
+    return int(flagged[0]) if len(flagged) else -1
 
 
-def subset_metrics(labels: Sequence[int], preds: Sequence[int | None]) -> dict:
-    """Error accuracy, correct accuracy and F1 in percent, as the official script computes them."""
+def _official_f1(acc1: float, acc2: float) -> float:
+    """``2 * acc1 * acc2 / (acc1 + acc2)`` with the official script's nan where it has one
+    (a nan accuracy, or 0/0)."""
+    if acc1 != acc1 or acc2 != acc2 or acc1 + acc2 == 0:
+        return float("nan")
+    return 2 * acc1 * acc2 / (acc1 + acc2)
+
+
+def undefined_reason(m: dict) -> str | None:
+    """Why a subset's F1 is undefined (nan in the official script), or None."""
+    if not m["n_error"]:
+        return "no erroneous items"
+    if not m["n_correct"]:
+        return "no correct items"
+    if m["error_acc"] == 0 and m["correct_acc"] == 0:
+        return "both accuracies are 0"
+    return None
+
+
+def subset_metrics(
+    labels: Sequence[int], preds: Sequence[int], n_steps: Sequence[int], n_scored: Sequence[int]
+) -> dict:
+    """Error accuracy, correct accuracy and F1 in percent, as the official script computes
+    them (nan where it is undefined there), and the truncation counts."""
     labels = np.asarray(labels)
-    match = np.array([p is not None and p == y for p, y in zip(preds, labels)], dtype=bool)
+    match = np.array([p == y for p, y in zip(preds, labels)], dtype=bool)
     err, cor = labels != -1, labels == -1
     # np.mean of an empty list is nan in the official script too; say so instead of warning.
     acc1 = float(match[err].mean() * 100) if err.any() else float("nan")
     acc2 = float(match[cor].mean() * 100) if cor.any() else float("nan")
-    f1 = 2 * acc1 * acc2 / (acc1 + acc2) if acc1 + acc2 > 0 else 0.0
+    cut = [s < n for s, n in zip(n_scored, n_steps)]
     return {
         "error_acc": acc1,
         "correct_acc": acc2,
-        "f1": float(f1),
+        "f1": _official_f1(acc1, acc2),
         "n_error": int(err.sum()),
         "n_correct": int(cor.sum()),
-        "n_undecided": int(sum(p is None for p in preds)),
+        "n_truncated": int(sum(cut)),
+        "n_undecided": int(sum(c and p == -1 for c, p in zip(cut, preds))),
     }
 
 
@@ -130,9 +160,7 @@ def _match_intervals(items, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         s = np.asarray(s, dtype=np.float64)
         if it.label == -1:
             lo.append(-np.inf)
-            # Unscored steps leave the prediction unknown unless a scored step is flagged,
-            # so such an item is never right.
-            hi.append(s.min() if len(s) >= len(it.steps) else -np.inf)
+            hi.append(s.min() if len(s) else np.inf)
             err.append(False)
         else:
             L = it.label
@@ -147,7 +175,8 @@ def choose_threshold(items: Sequence[PBItem], scores: Sequence[np.ndarray]) -> t
     subsets of the harmonic mean of error and correct accuracy) on ``items``, and that F1 in
     percent; ties go to the lowest threshold. Exact: every item is right on one interval of
     thresholds, so only the interval ends need trying. Every subset needs items of both
-    kinds (otherwise its F1 is 0 whatever the threshold)."""
+    kinds (otherwise its F1 is undefined whatever the threshold). While choosing, an F1
+    whose accuracies are both 0 (undefined in the official script) counts as 0."""
     lo, hi, err = _match_intervals(items, scores)
     subsets = np.array([it.subset for it in items])
     for sub in sorted(set(subsets.tolist())):
@@ -204,7 +233,7 @@ def evaluate_processbench(
         threshold, val_f1 = choose_threshold([items[i] for i in val], [step_scores[i] for i in val])
         res.update(threshold_chosen_on="validation", n_val_items=len(val), val_average_f1=val_f1)
     threshold = float(threshold)
-    preds = {i: predicted_first_error(step_scores[i], len(items[i].steps), threshold) for i in idx}
+    preds = {i: predicted_first_error(step_scores[i], threshold) for i in idx}
     # ProcessBench's subsets in the paper's order, any others in order of first appearance
     first = {}
     for i in idx:
@@ -215,11 +244,17 @@ def evaluate_processbench(
     per = {}
     for sub in subsets:
         mine = [i for i in idx if items[i].subset == sub]
-        per[sub] = subset_metrics([items[i].label for i in mine], [preds[i] for i in mine])
+        per[sub] = subset_metrics(
+            [items[i].label for i in mine],
+            [preds[i] for i in mine],
+            [len(items[i].steps) for i in mine],
+            [len(step_scores[i]) for i in mine],
+        )
     res.update(
         threshold=threshold,
         subsets=per,
-        average_f1=float(np.mean([m["f1"] for m in per.values()])),
+        average_f1=float(np.mean([m["f1"] for m in per.values()])),  # nan when any subset's is, as there
+        undefined={sub: why for sub, m in per.items() if (why := undefined_reason(m))},
         n_items=len(idx),
         predictions={f"{items[i].subset}/{items[i].id}": preds[i] for i in idx},
     )
@@ -227,17 +262,25 @@ def evaluate_processbench(
 
 
 def table(res: dict) -> str:
-    """The paper's layout: error / correct / F1 per subset, then the average F1."""
+    """The paper's layout: error / correct / F1 per subset, then the average F1; an
+    undefined number is ``n/a``, with the reasons below the table."""
     subs = list(res["subsets"])
     head = "| " + " | ".join(f"{SUBSET_TITLES.get(s, s)} error | correct | F1" for s in subs) + " | Avg. F1 |"
     sep = "|" + "---|" * (3 * len(subs) + 1)
 
     def f(x):
-        return "-" if x != x else f"{x:.1f}"
+        return "n/a" if x is None or x != x else f"{x:.1f}"
 
     row = (
         "| "
         + " | ".join(f"{f(m['error_acc'])} | {f(m['correct_acc'])} | {f(m['f1'])}" for m in res["subsets"].values())
-        + f" | {res['average_f1']:.1f} |"
+        + f" | {f(res['average_f1'])} |"
     )
-    return "\n".join([head, sep, row])
+    notes = [
+        f"n/a: {SUBSET_TITLES.get(s, s)} F1 is undefined ({why}), as in the official script"
+        for s, m in res["subsets"].items()
+        if (why := undefined_reason(m))
+    ]
+    if notes:
+        notes.append("n/a: the average F1 is undefined when any subset's F1 is (the official mean is nan)")
+    return "\n".join([head, sep, row, *notes])

@@ -1,0 +1,126 @@
+"""Where a model comes from: a local folder, or a Hugging Face hub name resolved to a
+local snapshot through ``huggingface_hub`` (its cache; offline when ``HF_HUB_OFFLINE``
+is set), so that every command and ``BetaPRM.from_pretrained`` read the same files
+whichever way the model was named.
+
+A hub name is ``NAME`` or ``OWNER/NAME``, optionally ``@REVISION`` (a branch, tag or
+commit). A name that looks like a path (absolute, ``./``, ``~``, more than one ``/``)
+and is not a folder is an error, never a hub request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BetaPRMInputError
+
+__all__ = ["ModelSource", "resolve_model"]
+
+_REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
+# What a model needs; other weight formats (GGUF, ONNX, Flax, TF, original/) stay on the hub.
+_MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py", "README.md"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model resolved to files on disk: ``path`` (the folder read), ``name`` (what the
+    user gave, without the revision), ``revision`` (the commit of a hub snapshot; None for
+    a local folder)."""
+
+    path: Path
+    name: str
+    revision: str | None = None
+
+    @property
+    def is_hub(self) -> bool:
+        return self.revision is not None
+
+
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """``OWNER/NAME@REV`` -> ``("OWNER/NAME", "REV")``; anything else unchanged with None."""
+    name, sep, rev = spec.rpartition("@")
+    if sep and name and rev and _REPO_ID.fullmatch(name):
+        return name, rev
+    return spec, None
+
+
+def is_hub_name(spec: str) -> bool:
+    """Whether ``spec`` (revision already split off) could be a hub repository id."""
+    return bool(_REPO_ID.fullmatch(spec)) and not spec.startswith(".") and ".." not in spec
+
+
+def resolve_model(spec, revision: str | None = None, flag: str = "--model") -> ModelSource:
+    """A local folder as it is, or a hub name's snapshot folder (downloaded into the hub
+    cache when online; the cache alone when ``HF_HUB_OFFLINE`` is set). Raises
+    ``BetaPRMInputError`` naming ``flag`` and the fix when neither can be had."""
+    text = os.fspath(spec)
+    if Path(text).expanduser().is_dir():
+        if revision is not None:
+            raise BetaPRMInputError(f"{flag} {text}: a revision applies to hub names only; {text} is a local folder")
+        return ModelSource(Path(text).expanduser(), text)
+    name, rev_in_name = split_revision(text)
+    if rev_in_name is not None and revision is not None and rev_in_name != revision:
+        raise BetaPRMInputError(f"{flag} {text}: two revisions given ({rev_in_name!r} and {revision!r}); give one")
+    revision = revision or rev_in_name
+    if Path(text).expanduser().exists():
+        raise BetaPRMInputError(f"{flag} {text}: a file, not a model folder; give the folder that holds config.json")
+    if not is_hub_name(name) or text.startswith(("/", "~")):
+        raise BetaPRMInputError(
+            f"{flag} {text}: no such folder (and not a hub name, which is NAME or OWNER/NAME[@REVISION]); check the "
+            "path"
+        )
+    path = _snapshot(name, revision, flag)
+    # The cache names each snapshot folder by its commit (snapshots/<commit>/).
+    return ModelSource(path, name, path.name)
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _snapshot(name: str, revision: str | None, flag: str) -> Path:
+    """The snapshot folder of ``name`` at ``revision``: model files only, safetensors
+    weights preferred (``*.bin`` fetched only when a snapshot has no safetensors)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = f"{flag} {name}" + (f"@{revision}" if revision else "")
+    try:
+        path = Path(snapshot_download(name, revision=revision, allow_patterns=_MODEL_FILES))
+        if not any(path.glob("*.safetensors")) and not (path / "betaprm_config.json").is_file():
+            path = Path(snapshot_download(name, revision=revision, allow_patterns=[*_MODEL_FILES, "*.bin"]))
+    except LocalEntryNotFoundError:
+        if _offline():
+            raise BetaPRMInputError(
+                f"{where}: not a local folder, and not in the Hugging Face cache while HF_HUB_OFFLINE is set; "
+                "download it once online (or unset HF_HUB_OFFLINE), or give the model's folder"
+            ) from None
+        raise BetaPRMInputError(
+            f"{where}: not a local folder, and the hub could not be reached to download it; check the network, or "
+            "give the model's folder"
+        ) from None
+    except RevisionNotFoundError:
+        raise BetaPRMInputError(f"{where}: the hub repository has no revision {revision!r}") from None
+    except GatedRepoError:
+        raise BetaPRMInputError(
+            f"{where}: a gated repository; accept its terms on the hub and log in (`hf auth login` or HF_TOKEN)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise BetaPRMInputError(
+            f"{where}: no such folder, and no such model on the hub (or it is private: log in with `hf auth login` "
+            "or HF_TOKEN)"
+        ) from None
+    except HfHubHTTPError as e:
+        raise BetaPRMInputError(f"{where}: the hub refused the download ({str(e).splitlines()[0][:200]})") from None
+    return path
