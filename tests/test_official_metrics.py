@@ -272,3 +272,24 @@ def test_prmbench_reads_every_official_record_and_equals_the_official_code():
         for g, cats in GROUPS.items():
             want = sum(classes[c][2] for c in cats) / len(cats)
             assert same(ours["groups"][g], want)
+
+
+def test_eval_steps_reads_the_official_prmbench_records_and_counts_the_irregular(tmp_path, capsys):
+    """`betaprm eval-steps` on official PRMBench records with error steps past the end and
+    empty steps: exit 0, every record scored, and a note naming how many (the earlier code
+    stopped at the first such record with exit 2)."""
+    from betaprm.cli import main
+    from betaprm.model import BetaPRM
+    from tests.helpers import make_lm_dir
+
+    BetaPRM.from_backbone(str(make_lm_dir(tmp_path / "lm"))).save_pretrained(tmp_path / "prm")
+    out = tmp_path / "r.json"
+    args = ["eval-steps", "--model", str(tmp_path / "prm"), "--data", str(DATA / "prmbench_sample.jsonl")]
+    # the tiny model has 1,024 positions, fewer than some solutions need
+    assert main([*args, "--truncate", "steps", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "5 items list an error step past their last step (2 of them none inside the solution)" in printed
+    assert "3 items have an empty step, scored like any other" in printed
+    res = json.loads(out.read_text())
+    assert res["irregular"] == {"error_step_past_end": 5, "no_error_step_inside": 2, "empty_step": 3}
+    assert res["n_items"] == len(read_prmbench(DATA / "prmbench_sample.jsonl")) and res["model_kind"] == "beta"
