@@ -293,3 +293,4 @@ def test_eval_steps_reads_the_official_prmbench_records_and_counts_the_irregular
     res = json.loads(out.read_text())
     assert res["irregular"] == {"error_step_past_end": 5, "no_error_step_inside": 2, "empty_step": 3}
     assert res["n_items"] == len(read_prmbench(DATA / "prmbench_sample.jsonl")) and res["model_kind"] == "beta"
+    assert res["n_truncated_items"] > 0 and f"--truncate steps cut {res['n_truncated_items']} of" in printed

@@ -248,7 +248,10 @@ def _prmbench(items, step_scores, threshold) -> dict:
         f"{100 * o['f1']:.1f} | {100 * o['negative_f1']:.1f} | {100 * o['prm_score']:.1f} |"
     )
     if res["n_unscored_steps"]:
-        print(f"{res['n_unscored_steps']} steps lay beyond the model's positions and were skipped (--truncate steps)")
+        print(
+            f"--truncate steps cut {res['n_truncated_items']} of {res['n_items']} items to the model's positions: "
+            f"{res['n_unscored_steps']} steps beyond them were skipped, as the evaluator's loop skips unscored steps"
+        )
     note = describe_irregular(res["irregular"])
     if note:
         print(note)

@@ -213,6 +213,7 @@ def evaluate_prmbench(
         "groups": groups,
         "n_items": len(items),
         "n_unscored_steps": int(skipped),
+        "n_truncated_items": sum(len(s) < len(it.steps) for it, s in zip(items, step_scores)),
         "irregular": irregular(items),
     }
 
@@ -240,7 +241,7 @@ def describe_irregular(counts: dict) -> str | None:
         parts.append(f"{counts['empty_step']} items have an empty step, scored like any other")
     if not parts:
         return None
-    return "note: " + "; ".join(parts) + " (as PRMBench's evaluator reads them)"
+    return "warning: " + "; ".join(parts) + " (as PRMBench's evaluator reads them)"
 
 
 def table(res: dict) -> str:
