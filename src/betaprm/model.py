@@ -429,24 +429,12 @@ class BetaPRM(nn.Module):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from .data.records import BadJSON, decode_utf8, loads_strict
-
         source = resolve_model(name_or_path, revision, flag="from_pretrained")
         path = source.path
         cfg_file = path / CONFIG_NAME
         if not cfg_file.is_file():
             raise BetaPRMInputError(f"{_where(source)} is not a BetaPRM: {_not_a_betaprm(path)}")
-        try:
-            raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
-        except (OSError, BadJSON) as e:
-            raise BetaPRMInputError(
-                f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train"
-            ) from None
-        if not isinstance(raw, dict):
-            raise BetaPRMInputError(
-                f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save "
-                "it with save_pretrained, or re-train"
-            )
+        raw = _config_json(cfg_file)
         known = set(BetaPRMConfig.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -530,7 +518,7 @@ def model_kind(source: ModelSource | str | os.PathLike) -> str:
     ``standard`` (a BetaPRM trained with another objective: its kappa means nothing) or
     ``zero-shot`` (a plain causal LM). The objective comes from ``betaprm_config.json``, or
     for checkpoints of older versions from their ``train_summary.json``."""
-    from .data.records import BadJSON, decode_utf8, load_json_file, loads_strict
+    from .data.records import load_json_file
 
     if not isinstance(source, ModelSource):
         source = resolve_model(source)
@@ -545,13 +533,7 @@ def model_kind(source: ModelSource | str | os.PathLike) -> str:
                 f"{CONFIG_NAME} from where the model was saved, or save it again"
             )
         return "zero-shot"
-    try:
-        raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
-    except (OSError, BadJSON) as e:
-        raise BetaPRMInputError(
-            f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train"
-        ) from None
-    objective = raw.get("objective") if isinstance(raw, dict) else None
+    objective = _config_json(cfg_file).get("objective")
     summary = path / "train_summary.json"
     if not objective and summary.is_file():
         data = load_json_file(summary, what="a training summary")
@@ -565,6 +547,24 @@ def model_kind(source: ModelSource | str | os.PathLike) -> str:
                 f"{summary}: no config.objective in this training summary; restore the file written by betaprm train"
             )
     return "beta" if (objective or "beta-binomial") == "beta-binomial" else "standard"
+
+
+def _config_json(cfg_file: Path) -> dict:
+    """``betaprm_config.json`` as a dict, or an error saying the checkpoint is damaged."""
+    from .data.records import BadJSON, decode_utf8, loads_strict
+
+    try:
+        raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
+    except (OSError, BadJSON) as e:
+        raise BetaPRMInputError(
+            f"{cfg_file}: the checkpoint is damaged ({e}); re-save it with save_pretrained, or re-train"
+        ) from None
+    if not isinstance(raw, dict):
+        raise BetaPRMInputError(
+            f"{cfg_file}: the checkpoint is damaged (expected a JSON object, got {type(raw).__name__}); re-save it "
+            "with save_pretrained, or re-train"
+        )
+    return raw
 
 
 def _where(source: ModelSource) -> str:
