@@ -253,9 +253,15 @@ def test_prmbench_undefined_f1_and_clipping():
 
 def test_prmbench_bad_record(tmp_path):
     rows = _prmbench_rows()
-    rows[3]["error_steps"] = [0]
+    rows[3]["error_steps"] = [0, 9]  # outside the steps: read, never visited, counted (as the evaluator's loop)
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(BetaPRMInputError, match=r"b.jsonl:4: field 'error_steps' must list step numbers \(1-based"):
+    from betaprm.evaluation.prmbench import irregular
+
+    counts = irregular(read_prmbench(tmp_path / "b.jsonl"))
+    assert counts["error_step_below_one"] == 1 and counts["error_step_past_end"] == 1
+    rows[3]["error_steps"] = ["3"]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(BetaPRMInputError, match=r"b.jsonl:4: field 'error_steps' must list step numbers, got"):
         read_prmbench(tmp_path / "b.jsonl")
     rows[3] = {**_prmbench_rows()[3], "classification": "typo"}
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -86,7 +86,7 @@ def _mu(prm):
     return [s.mu for s in score_traces(prm, TRACES)], [s.kappa for s in score_traces(prm, TRACES)]
 
 
-def test_resolve_names_revisions_and_paths(models, offline_hub):
+def test_resolve_names_revisions_and_paths(models, offline_hub, monkeypatch):
     paths, cache = models
     src = resolve_model("owner/beta-prm")
     assert src.is_hub and src.revision == COMMIT and src.path.parent.name == "snapshots"
@@ -98,6 +98,11 @@ def test_resolve_names_revisions_and_paths(models, offline_hub):
         resolve_model("owner/missing")
     with pytest.raises(BetaPRMInputError, match="no such folder"):  # a path is never sent to the hub
         resolve_model(str(paths["beta"]) + "-typo")
+    # a relative path whose first folder exists here is a path too (the earlier code asked the hub)
+    monkeypatch.chdir(paths["beta"].parent)
+    for missing in ("./missing", "beta/missing-run", "beta/missing-run@best"):
+        with pytest.raises(BetaPRMInputError, match="no such folder"):
+            resolve_model(missing)
     with pytest.raises(BetaPRMInputError, match="a revision applies to hub names only"):
         resolve_model(str(paths["beta"]), "main")
     # one model, one fingerprint, however it is named
@@ -156,7 +161,7 @@ def test_model_card_is_written_and_parses(models, offline_hub, tmp_path):
     base model (the hub name the backbone came from), tags, datasets, licence."""
     from huggingface_hub import ModelCard
 
-    from betaprm.card import license_of
+    from betaprm.card import license_of, model_card
 
     paths, cache = models
     # a base model with a card of its own on the hub: its licence is inherited by train
@@ -193,9 +198,14 @@ def test_model_card_is_written_and_parses(models, offline_hub, tmp_path):
     ):
         assert want in body, want
     # the card is not part of the model: the fingerprint ignores it
-    assert model_fingerprint(tmp_path / "out") == model_fingerprint(tmp_path / "out")
+    before = model_fingerprint(tmp_path / "out")
     (tmp_path / "out" / "README.md").write_text("changed")
-    assert model_kind(tmp_path / "out") == "beta"
+    assert model_fingerprint(tmp_path / "out") == before and model_kind(tmp_path / "out") == "beta"
+    # a local data file is no hub dataset: the metadata leaves it out, the body keeps its fingerprint
+    (tmp_path / "train.jsonl").write_text("")
+    for local in ("train.jsonl", str(tmp_path / "train.jsonl"), "data/missing.jsonl"):
+        card = model_card(prm.config, data={"name": local, "fingerprint": "f00"})
+        assert card.data.datasets is None and "`f00`" in card.text, local
 
 
 # ---------------------------------------------------------------- every command

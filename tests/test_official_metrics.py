@@ -249,7 +249,7 @@ def test_prmbench_reads_every_official_record_and_equals_the_official_code():
     from betaprm.evaluation.prmbench import irregular
 
     counts = irregular(items)
-    assert counts == {"error_step_past_end": 5, "no_error_step_inside": 2, "empty_step": 3}
+    assert counts == {"error_step_past_end": 5, "no_error_step_inside": 2, "error_step_below_one": 0, "empty_step": 3}
     rng = np.random.default_rng(0)
     for threshold in (0.5, 0.3, 0.7):
         # scores on a grid with values exactly at the threshold
@@ -291,6 +291,11 @@ def test_eval_steps_reads_the_official_prmbench_records_and_counts_the_irregular
     assert "5 items list an error step past their last step (2 of them none inside the solution)" in printed
     assert "3 items have an empty step, scored like any other" in printed
     res = json.loads(out.read_text())
-    assert res["irregular"] == {"error_step_past_end": 5, "no_error_step_inside": 2, "empty_step": 3}
+    assert res["irregular"] == {
+        "error_step_past_end": 5,
+        "no_error_step_inside": 2,
+        "error_step_below_one": 0,
+        "empty_step": 3,
+    }
     assert res["n_items"] == len(read_prmbench(DATA / "prmbench_sample.jsonl")) and res["model_kind"] == "beta"
     assert res["n_truncated_items"] > 0 and f"--truncate steps cut {res['n_truncated_items']} of" in printed

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .hub import is_hub_name
+from .hub import is_hub_name, looks_local
+
+# A data spec that names a file, not a hub dataset (the suffixes data.sources reads).
+_DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow", ".gz")
 
 __all__ = ["license_of", "model_card", "write_model_card"]
 
@@ -85,11 +88,16 @@ def model_card(
     objective = config.objective or "beta-binomial"
     kind = "beta" if objective == "beta-binomial" else "standard"
     data_name = str((data or {}).get("name") or "")
+    hub_data = data_name.split(":")[0]
+    if not is_hub_name(hub_data) or looks_local(hub_data) or Path(hub_data).exists():
+        hub_data = ""  # a local file or folder: its fingerprint goes in the body, not in the metadata
+    elif hub_data.endswith(_DATA_FILE_SUFFIXES):
+        hub_data = ""
     card_data = ModelCardData(
         library_name="betaprm",
         base_model=config.base_model or None,
         tags=["betaprm", "process-reward-model", "prm", "beta-binomial" if kind == "beta" else "standard-prm"],
-        datasets=[data_name.split(":")[0]] if data_name and is_hub_name(data_name.split(":")[0]) else None,
+        datasets=[hub_data] if hub_data else None,
         license=license or "other",
     )
     data_text = f"`{data_name}` (fingerprint `{data.get('fingerprint', '?')}`)" if data_name else ""

@@ -4,8 +4,9 @@ is set), so that every command and ``BetaPRM.from_pretrained`` read the same fil
 whichever way the model was named.
 
 A hub name is ``NAME`` or ``OWNER/NAME``, optionally ``@REVISION`` (a branch, tag or
-commit). A name that looks like a path (absolute, ``./``, ``~``, more than one ``/``)
-and is not a folder is an error, never a hub request.
+commit). A name that looks like a path (``looks_local``) and is not a folder is an error,
+never a hub request. A name is resolved once per process, so every part of a command reads
+one snapshot.
 """
 
 from __future__ import annotations
@@ -15,13 +16,29 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
 from .errors import BetaPRMInputError
 
 __all__ = ["ModelSource", "resolve_model"]
 
 _REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
-# What a model needs; other weight formats (GGUF, ONNX, Flax, TF, original/) stay on the hub.
-_MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py", "README.md"]
+# What a model needs, top-level files only (huggingface_hub's patterns match across "/", so
+# subfolders are ignored explicitly): other formats and copies (GGUF, ONNX, Flax, TF,
+# original/, Mistral's consolidated.safetensors beside the sharded weights) stay on the hub.
+_TOKENIZER_FILES = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+_MODEL_FILES = [*_TOKENIZER_FILES, "*.safetensors", "*.py", "README.md"]
+_NOT_MODEL_FILES = ["*/*", "consolidated*", "training_args*", "optimizer*"]
+# Resolved names, per process: every part of one command reads the same snapshot even when
+# the hub's branch moves meanwhile, and the hub is asked once.
+_RESOLVED: dict[tuple[str, str | None, str], Path] = {}
 
 
 @dataclass(frozen=True)
@@ -52,10 +69,26 @@ def is_hub_name(spec: str) -> bool:
     return bool(_REPO_ID.fullmatch(spec)) and not spec.startswith(".") and ".." not in spec
 
 
-def resolve_model(spec, revision: str | None = None, flag: str = "--model") -> ModelSource:
+def looks_local(text: str) -> bool:
+    """Whether a name that is not on disk is meant as a local path: absolute, ``./``, ``~``,
+    a backslash, more than one ``/``, or a first folder that exists here (``runs/bprm`` with
+    ``runs/`` present). Such a name is never sent to the hub."""
+    first = text.split("/", 1)[0]
+    return (
+        text.startswith(("/", "~", "."))
+        or "\\" in text
+        or text.count("/") > 1
+        or ("/" in text and Path(first).is_dir())
+    )
+
+
+def resolve_model(spec, revision: str | None = None, flag: str = "--model", files: str = "model") -> ModelSource:
     """A local folder as it is, or a hub name's snapshot folder (downloaded into the hub
-    cache when online; the cache alone when ``HF_HUB_OFFLINE`` is set). Raises
+    cache when online; the cache alone when ``HF_HUB_OFFLINE`` is set). ``files``:
+    ``model`` (weights, configs, tokenizer, card) or ``tokenizer`` (no weights). Raises
     ``BetaPRMInputError`` naming ``flag`` and the fix when neither can be had."""
+    if isinstance(spec, ModelSource):
+        return spec
     text = os.fspath(spec)
     if Path(text).expanduser().is_dir():
         if revision is not None:
@@ -67,47 +100,45 @@ def resolve_model(spec, revision: str | None = None, flag: str = "--model") -> M
     revision = revision or rev_in_name
     if Path(text).expanduser().exists():
         raise BetaPRMInputError(f"{flag} {text}: a file, not a model folder; give the folder that holds config.json")
-    if not is_hub_name(name) or text.startswith(("/", "~")):
+    if not is_hub_name(name) or looks_local(name):
         raise BetaPRMInputError(
             f"{flag} {text}: no such folder (and not a hub name, which is NAME or OWNER/NAME[@REVISION]); check the "
             "path"
         )
-    path = _snapshot(name, revision, flag)
+    key = (name, revision, files)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _snapshot(name, revision, flag, files)
+    path = _RESOLVED[key]
     # The cache names each snapshot folder by its commit (snapshots/<commit>/).
     return ModelSource(path, name, path.name)
 
 
 def _offline() -> bool:
-    from huggingface_hub import constants
-
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def _snapshot(name: str, revision: str | None, flag: str) -> Path:
-    """The snapshot folder of ``name`` at ``revision``: model files only, safetensors
-    weights preferred (``*.bin`` fetched only when a snapshot has no safetensors)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
+def _snapshot(name: str, revision: str | None, flag: str, files: str) -> Path:
+    """The snapshot folder of ``name`` at ``revision``: top-level model (or tokenizer)
+    files, safetensors weights preferred (``pytorch_model*.bin`` fetched only when a model
+    has no safetensors)."""
     where = f"{flag} {name}" + (f"@{revision}" if revision else "")
+    patterns = _MODEL_FILES if files == "model" else _TOKENIZER_FILES
+
+    def get(allow):
+        return Path(snapshot_download(name, revision=revision, allow_patterns=allow, ignore_patterns=_NOT_MODEL_FILES))
+
     try:
-        path = Path(snapshot_download(name, revision=revision, allow_patterns=_MODEL_FILES))
-        if not any(path.glob("*.safetensors")) and not (path / "betaprm_config.json").is_file():
-            path = Path(snapshot_download(name, revision=revision, allow_patterns=[*_MODEL_FILES, "*.bin"]))
+        path = get(patterns)
+        if files == "model" and not any(path.glob("*.safetensors")):
+            path = get([*patterns, "pytorch_model*.bin"])
     except LocalEntryNotFoundError:
         if _offline():
             raise BetaPRMInputError(
-                f"{where}: not a local folder, and not in the Hugging Face cache while HF_HUB_OFFLINE is set; "
+                f"{where}: no such local folder, and not in the Hugging Face cache while HF_HUB_OFFLINE is set; "
                 "download it once online (or unset HF_HUB_OFFLINE), or give the model's folder"
             ) from None
         raise BetaPRMInputError(
-            f"{where}: not a local folder, and the hub could not be reached to download it; check the network, or "
+            f"{where}: no such local folder, and the hub could not be reached to download it; check the network, or "
             "give the model's folder"
         ) from None
     except RevisionNotFoundError:

@@ -12,7 +12,8 @@ writes them (safetensors), ``kappa_head.safetensors``, and ``betaprm_config.json
 
 Over 400 lines because creation (marker token, reward rows, vision-language backbones),
 the forward pass and loading with its checks are one contract: what ``save_pretrained``
-writes, ``from_pretrained`` verifies.
+writes, ``from_pretrained`` verifies, and ``model_kind`` / ``load_prm`` read back (which kind
+of model a folder holds is decided by the same ``betaprm_config.json``).
 """
 
 from __future__ import annotations
@@ -438,7 +439,11 @@ class BetaPRM(nn.Module):
         known = set(BetaPRMConfig.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise BetaPRMInputError(f"{cfg_file}: unknown keys {unknown}; this betaprm knows {sorted(known)}")
+            raise BetaPRMInputError(
+                f"{cfg_file}: unknown keys {unknown}; the model was saved by betaprm "
+                f"{raw.get('betaprm_version', '?')} and this is {_version()}: upgrade betaprm (this one knows "
+                f"{sorted(known)})"
+            )
         config = BetaPRMConfig(**raw)
         auto = getattr(transformers, config.auto_class, None)
         if auto is None or not config.auto_class.startswith("AutoModel"):

@@ -79,6 +79,10 @@ class PRMBenchItem:
     def error_past_end(self) -> bool:
         return any(e >= len(self.steps) for e in self.error_steps)
 
+    @property
+    def error_below_one(self) -> bool:
+        return any(e < 0 for e in self.error_steps)
+
 
 def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
     """The evaluated items of PRMBench records (see the module docstring), from any source."""
@@ -120,13 +124,10 @@ def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
             seen.add(f"{cat}_{idx}")
             steps = steps_of("modified_process")
             errs = r.get("error_steps", [])
-            # A number past the last step is kept: the evaluator never visits it (module docstring).
-            if not isinstance(errs, list) or not all(
-                isinstance(e, int) and not isinstance(e, bool) and e >= 1 for e in errs
-            ):
-                raise BetaPRMInputError(
-                    f"{where}: field 'error_steps' must list step numbers (1-based, from 1), got {short_repr(errs)}"
-                )
+            # A number outside the steps (past the last, or below 1) is kept: the evaluator's
+            # loop over the steps never visits it (module docstring).
+            if not isinstance(errs, list) or not all(isinstance(e, int) and not isinstance(e, bool) for e in errs):
+                raise BetaPRMInputError(f"{where}: field 'error_steps' must list step numbers, got {short_repr(errs)}")
             items.append(
                 PRMBenchItem(f"{cat}_{idx}", question_of("modified_question"), steps, {e - 1 for e in errs}, cat)
             )
@@ -225,6 +226,7 @@ def irregular(items: Sequence[PRMBenchItem]) -> dict:
     return {
         "error_step_past_end": len(past),
         "no_error_step_inside": sum(all(e >= len(it.steps) for e in it.error_steps) for it in past),
+        "error_step_below_one": sum(it.error_below_one for it in items),
         "empty_step": sum(any(not s.strip() for s in it.steps) for it in items),
     }
 
@@ -237,6 +239,8 @@ def describe_irregular(counts: dict) -> str | None:
             f"{counts['error_step_past_end']} items list an error step past their last step "
             f"({counts['no_error_step_inside']} of them none inside the solution): those numbers are never visited"
         )
+    if counts["error_step_below_one"]:
+        parts.append(f"{counts['error_step_below_one']} items list an error step below 1: never visited either")
     if counts["empty_step"]:
         parts.append(f"{counts['empty_step']} items have an empty step, scored like any other")
     if not parts:
