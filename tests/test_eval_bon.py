@@ -145,5 +145,5 @@ def test_bad_pool_scores_stop_or_are_skipped_and_counted(tmp_path, capsys):
     assert main(["eval-bon", "--pools", str(a), "--on-error", "skip", "--out", str(out)]) == 0
     r = json.loads(out.read_text())["benchmarks"]["bench"]
     assert r["pool_records_rejected"] == 3 and r["n_test"] + r["n_val"] == 37
-    rejects = [json.loads(x) for x in open(tmp_path / "bench.rejects.jsonl")]
+    rejects = [json.loads(x) for x in open(tmp_path / "bench.jsonl.rejects.jsonl")]
     assert [x["line"] for x in rejects] == [1, 2, 3] and "NaN" in rejects[0]["raw"]

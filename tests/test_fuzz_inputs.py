@@ -1,6 +1,8 @@
 """Randomly damaged copies of valid input files (seeded): every reader either loads the
 valid part or stops with exit status 2 / ``BetaPRMInputError`` naming a line; any other
-exception, a traceback or a lost line is a failure. The whole run has a time bound."""
+exception, a traceback or a lost line is a failure. The reward server gets damaged request
+bodies, headers and images: a 4xx with a message or a 200 with the offline scores, never a
+500 or a hang. The whole run has a time bound."""
 
 import copy
 import json
@@ -19,7 +21,7 @@ from betaprm.evaluation.steps import read_visualprocessbench
 
 SEED = 20261126
 COPIES = 100  # per kind of file: 600 damaged files in all
-TIME_BOUND_S = 60
+TIME_BOUND_S = 300  # only a hang (a quadratic or stuck read): reading the files takes seconds
 
 COUNTS = [
     {"id": "c1", "question": "2+2?", "steps": ["2+2=4", "answer 4"], "mc_correct": [7, 8], "mc_total": 8},
@@ -265,3 +267,193 @@ def test_convert_on_damaged_inputs(tmp_path, capsys, clock):
             assert len(written) + n_rej == n_lines(data), (i, fmt)  # each line written or rejected
             for j, rec in enumerate(written, 1):  # what convert writes, validate accepts
                 assert validate_object(rec, j, check_images=False)[1] == [], (i, fmt, rec)
+
+
+# ---------------------------------------------------------------- the reward server
+
+SERVER_COPIES = 240  # damaged JSON bodies; with the header and image cases about 400 in all
+SCORE_BODIES = [
+    {"question": "2+2?", "steps": ["2+2=4", "answer 4"]},
+    {"items": [{"question": "1+1?", "steps": ["1+1=2"]}, {"question": "q", "steps": ["a", "b", "c"]}], "lam": 1.0},
+    {"question": "x", "steps": ["y"], "tau": 0.2, "lam": -0.5},
+]
+REWARD_BODIES = [
+    {"query": ["2+2? 2+2=4\n\nanswer 4", "q a\n\nb"], "prompts": ["2+2?", "q"], "labels": ["", ""]},
+]
+HEADER_CASES = [
+    ({"Content-Type": "text/plain"}, 415),
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+    ({"Content-Type": "application/jsonx"}, 415),
+    ({"Content-Type": ""}, 415),
+    ({"Content-Type": "APPLICATION/JSON; charset=utf-8"}, 200),
+    ({"Host": "evil.example"}, 400),
+    ({"Host": "127.0.0.1:1"}, 400),
+    ({"Host": ""}, 400),
+    ({"Host": "localhost"}, 400),
+    ({"Host": "[::1]:{port}"}, 200),
+    ({"Host": "localhost:{port}"}, 200),
+    ({"Authorization": "Bearer \x7f\u00e9"}, 200),  # no key set: ignored
+    ({"Transfer-Encoding": "chunked"}, 200),
+]
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory):
+    from betaprm import BetaPRM
+
+    from .helpers import make_lm_dir
+    from .test_serve import Server
+
+    d = tmp_path_factory.mktemp("fuzz_serve")
+    prm = BetaPRM.from_backbone(str(make_lm_dir(d / "lm")))
+    prm.save_pretrained(d / "prm")
+    s = Server(d / "prm", "--max-items", "8", "--max-request-bytes", "200000")
+    s.prm = BetaPRM.from_pretrained(d / "prm")
+    yield s
+    s.stop()
+
+
+def _post(port: int, path: str, data: bytes, headers: dict) -> tuple[int, bytes]:
+    """One request as it is (a hang fails the test through the timeout)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json", **headers}
+    if headers.get("Transfer-Encoding") == "chunked":
+        conn.putrequest("POST", path, skip_host="Host" in headers)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        for i in range(0, len(data), 7):
+            conn.send(f"{len(data[i : i + 7]):x}\r\n".encode() + data[i : i + 7] + b"\r\n")
+        conn.send(b"0\r\n\r\n")
+    else:
+        conn.request("POST", path, body=data, headers=headers)
+    resp = conn.getresponse()
+    out = resp.status, resp.read()
+    conn.close()
+    return out
+
+
+def _damaged_body(rng, body) -> bytes:
+    body = retype(rng, copy.deepcopy(body)) if rng.random() < 0.8 else copy.deepcopy(body)
+    data = dump(body).encode()
+    kind = rng.choice(["none", "cut", "flip", "surrogate", "garbage", "wrap"])
+    if kind == "cut":
+        data = data[: rng.randrange(len(data) + 1)]
+    elif kind == "flip":
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        data = bytes(b)
+    elif kind == "surrogate" and b'"' in data:
+        i = rng.choice([m.start() + 1 for m in re.finditer(rb'"', data)])
+        data = data[:i] + rng.choice([b"\\ud800", b"\\udfff", b"\\ud83d\\ude00", b"\\u0000"]) + data[i:]
+    elif kind == "garbage":
+        data += rng.choice([b"\xff", b"}", b" [", b"\x00", b" 1"])
+    elif kind == "wrap":
+        data = rng.choice([b"[", b'{"items": ', b'{"query": ']) + data + rng.choice([b"]", b"}", b""])
+    return data
+
+
+def _check_answer(server, path: str, data: bytes, status: int, raw: bytes, expected: list):
+    """A 4xx with a message, or a 200 whose scores are kept for checking."""
+    assert status == 200 or 400 <= status < 500, (status, data[:300], raw[:300])
+    if status != 200:
+        if raw.startswith(b"Invalid HTTP request"):  # uvicorn's own answer to a header h11 refuses
+            return
+        answer = json.loads(raw)
+        assert isinstance(answer.get("error"), str) and answer["error"], (status, data[:300], answer)
+        return
+    answer = json.loads(raw)
+    body = json.loads(data)
+    if path == "/get_reward":
+        assert len(answer["rewards"]) == len(body["query"]) and all(
+            isinstance(r, float) and 0 <= r <= 1 for r in answer["rewards"]
+        )
+        return
+    items = [body] if "items" not in body else body["items"]
+    results = [answer] if "items" not in body else answer["results"]
+    for it, res in zip(items, results, strict=True):
+        expected.append(((it["question"], it["steps"]), res["mu"]))
+
+
+def test_server_on_damaged_requests(fuzz_server, clock):
+    """A few hundred damaged request bodies, header variants and images: every answer is a
+    4xx with a message or a 200 whose mu equal the offline scorer's; never a 500, a hang or
+    a dead server. Fails on the code before this change: a text/plain body was scored (200
+    where 415 is due) and the Host header was not checked."""
+    from betaprm.scoring import score_traces
+
+    rng = random.Random(f"{SEED}/serve")
+    port = fuzz_server.port
+    expected: list = []
+    statuses: list[int] = []
+    for i in range(SERVER_COPIES):
+        path, base = ("/get_reward", rng.choice(REWARD_BODIES)) if rng.random() < 0.2 else ("/v1/score", None)
+        data = _damaged_body(rng, base or rng.choice(SCORE_BODIES))
+        status, raw = _post(port, path, data, {})
+        _check_answer(fuzz_server, path, data, status, raw, expected)
+        statuses.append(status)
+    for headers, want in HEADER_CASES * 4:
+        headers = {k: v.replace("{port}", str(port)) for k, v in headers.items()}
+        data = _damaged_body(rng, rng.choice(SCORE_BODIES)) if rng.random() < 0.5 else dump(SCORE_BODIES[0]).encode()
+        status, raw = _post(port, "/v1/score", data, headers)
+        _check_answer(fuzz_server, "/v1/score", data, status, raw, expected)
+        if want != 200:
+            assert status == want, (headers, status, raw[:200])
+        statuses.append(status)
+    assert 200 in statuses and 400 in statuses and 415 in statuses  # the damage was varied
+    got = score_traces(fuzz_server.prm, [t for t, _ in expected])
+    for (trace, mu), want in zip(expected, got):
+        assert mu == pytest.approx(want.mu.tolist(), abs=1e-5), trace
+    status, raw = _post(port, "/v1/score", dump(SCORE_BODIES[0]).encode(), {})
+    assert status == 200  # still serving
+
+
+def _png(rng) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (rng.randint(1, 40), rng.randint(1, 40)), (rng.randrange(256), 0, 0)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_server_image_decoding_on_damaged_images(clock):
+    """Damaged PNGs (bytes flipped, cut, header sizes made huge): each is an image within
+    the pixel cap or a 400 with a message that holds no memory address; never another
+    exception. Fails on the code before this change: a PNG whose header claimed 90 M pixels
+    was decoded, and messages held "<_io.BytesIO object at 0x...>"."""
+    import base64
+    import struct
+    import zlib
+
+    from betaprm.serve_requests import RequestError
+    from betaprm.serve_requests import image_from_url as _image
+
+    rng = random.Random(f"{SEED}/images")
+    cap = 4096 * 4096
+    for i in range(120):
+        data = bytearray(_png(rng))
+        kind = rng.choice(["flip", "cut", "huge", "huge", "prefix"])
+        if kind == "flip":
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == "cut":
+            data = data[: rng.randrange(len(data))]
+        elif kind == "huge":  # IHDR width and height at offsets 16 and 20, its CRC made valid again
+            w, h = rng.choice([(9500, 9500), (100000, 100000), (4097, 4096), (2**31 - 1, 1)])
+            data[16:24] = struct.pack(">II", w, h)
+            data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+        else:
+            data = bytearray(rng.choice([b"GIF89a", b"\xff\xd8\xff", b"BM", b""])) + data[8:]
+        url = "data:image/png;base64," + base64.b64encode(bytes(data)).decode()
+        try:
+            im = _image(url, f"images[{i}]")
+        except RequestError as e:
+            assert e.status == 400 and str(e).startswith(f"images[{i}]: "), str(e)
+            assert not re.search(r"0x[0-9a-f]{6,}|object at", str(e)), str(e)
+            continue
+        assert im.width * im.height <= cap

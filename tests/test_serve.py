@@ -28,9 +28,10 @@ def free_port() -> int:
 
 
 class Server:
-    """``betaprm serve`` in its own process; waits until /health answers."""
+    """``betaprm serve`` in its own process; waits until /health answers (asked with
+    ``poll_headers``: the key, a Host the server accepts)."""
 
-    def __init__(self, model, *extra, env=None):
+    def __init__(self, model, *extra, env=None, poll_headers=None):
         self.port = free_port()
         self.proc = subprocess.Popen(
             [
@@ -56,7 +57,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.proc.stderr.read()[-2000:]}")
             try:
-                if self.request("GET", "/health")[0] == 200:
+                if self.request("GET", "/health", headers=poll_headers)[0] == 200:
                     return
             except OSError:
                 time.sleep(0.2)
@@ -94,7 +95,7 @@ def prm_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(prm_dir):
-    s = Server(prm_dir, "--max-items", "64", "--max-wait-ms", "20", "--tau", "0.2")
+    s = Server(prm_dir, "--max-items", "64", "--max-wait-ms", "20", "--tau", "0.2", "--max-request-bytes", "1000000")
     yield s
     s.stop()
 
@@ -320,14 +321,15 @@ def test_concurrent_requests_are_batched_and_answered_in_order(server, prm_dir):
 def test_a_client_killed_mid_request_does_not_disturb_others(server):
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(
-        b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b'Content-Length: 1000\r\n\r\n{"question": '
+        f"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n".encode()
+        + b'Content-Length: 1000\r\n\r\n{"question": '
     )
     s.close()  # gone before its body arrived
     s2 = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"items": [{"question": "q", "steps": ["a b c"] * 20}] * 64}).encode()
     s2.sendall(
-        b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        f"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n".encode()
+        + b"Content-Length: "
         + str(len(body)).encode()
         + b"\r\n\r\n"
         + body
@@ -352,7 +354,15 @@ def test_step_rewards_local_and_remote_agree(server, prm_dir):
 def test_api_key_and_graceful_shutdown(prm_dir):
     """With --api-key-env a request without the key is 401; on SIGTERM the requests in
     flight are answered before the process exits (0)."""
-    srv = Server(prm_dir, "--api-key-env", "BETAPRM_SERVE_KEY", "--max-wait-ms", "50", env={"BETAPRM_SERVE_KEY": "k1"})
+    srv = Server(
+        prm_dir,
+        "--api-key-env",
+        "BETAPRM_SERVE_KEY",
+        "--max-wait-ms",
+        "50",
+        env={"BETAPRM_SERVE_KEY": "k1"},
+        poll_headers={"Authorization": "Bearer k1"},
+    )
     try:
         status, res = srv.request("POST", "/v1/score", {"question": "q", "steps": ["a"]})
         assert status == 401 and "API key" in res["error"]
@@ -425,3 +435,275 @@ def test_a_vision_language_betaprm_is_served_with_data_url_images(tmp_path):
         assert s.request("GET", "/health")[0] == 200  # still serving
     finally:
         s.stop()
+
+
+# ---------------------------------------------------------------- nothing the user did not ask for
+
+
+def raw_http(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict]:
+    """Send ``head`` (request line and headers, no blank line) and ``body`` as they are; the
+    status and the JSON answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(head + b"\r\nConnection: close\r\n\r\n" + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.split(b"\r\n\r\n", 1)[1] or b"null")
+
+
+@pytest.fixture(scope="module")
+def guarded(prm_dir):
+    """A server with a key, --served-model-name and --allowed-hosts (as behind a proxy)."""
+    s = Server(
+        prm_dir,
+        "--api-key-env",
+        "BETAPRM_SERVE_KEY",
+        "--served-model-name",
+        "rm-1",
+        "--allowed-hosts",
+        "rm.internal:5000, localhost",
+        env={"BETAPRM_SERVE_KEY": "k2"},
+        poll_headers={"Authorization": "Bearer k2", "Host": "rm.internal:5000"},
+    )
+    yield s
+    s.stop()
+
+
+def test_the_key_is_required_on_every_route(guarded):
+    """With a key set, every route answers 401 without it (FastAPI's own pages and unknown
+    paths too). Fails on the code before this change: /health, /v1/models, /docs and
+    /openapi.json answered without the key."""
+    host = {"Host": "rm.internal:5000"}
+    for path in ("/health", "/v1/models", "/docs", "/openapi.json", "/nowhere"):
+        status, res = guarded.request("GET", path, headers=host)
+        assert status == 401 and "API key" in res["error"], (path, res)
+        status, res = guarded.request("GET", path, headers={**host, "Authorization": "Bearer wrong"})
+        assert status == 401, path
+    assert guarded.request("GET", "/health", headers={**host, "Authorization": "Bearer k2"})[0] == 200
+
+
+def test_models_shows_a_name_never_a_path(server, guarded, prm_dir):
+    """/v1/models names the model by its folder's base name (or --served-model-name), and
+    no answer holds the server's file paths. Fails on the code before this change: the id
+    was the absolute path the server was started with."""
+    status, m = server.request("GET", "/v1/models")
+    assert status == 200 and m["data"][0]["id"] == prm_dir.name
+    assert str(prm_dir.parent) not in json.dumps(m)
+    auth = {"Host": "rm.internal:5000", "Authorization": "Bearer k2"}
+    status, m = guarded.request("GET", "/v1/models", headers=auth)
+    assert status == 200 and m["data"][0]["id"] == "rm-1"
+
+
+def test_a_post_that_is_not_json_is_415(server):
+    """A POST must say 'Content-Type: application/json' (a text/plain POST is a "simple"
+    request a web page can send to a key-less localhost server without a CORS preflight).
+    Fails on the code before this change: a text/plain body was scored (200)."""
+    body = json.dumps({"question": "q", "steps": ["a"]}).encode()
+    before = server.request("GET", "/health")[1]["traces"]
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        status, res = server.request("POST", "/v1/score", raw=body, headers={"Content-Type": ctype})
+        assert status == 415 and "application/json" in res["error"], (ctype, res)
+    head = f"POST /get_reward HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Length: {len(body)}".encode()
+    status, res = raw_http(server.port, head, body)  # no Content-Type at all
+    assert status == 415 and "application/json" in res["error"]
+    assert server.request("GET", "/health")[1]["traces"] == before  # nothing was scored
+    ok = {"Content-Type": "Application/JSON; charset=utf-8"}
+    assert server.request("POST", "/v1/score", raw=body, headers=ok)[0] == 200
+
+
+def test_the_host_header_is_checked(server, guarded, prm_dir, capsys):
+    """A loopback server answers only Host 127.0.0.1, localhost or [::1] with its port (a
+    DNS-rebinding page sends its own name); --allowed-hosts lists others ('name:port', or
+    'name' on any port, '*' any), and --host 0.0.0.0 without it stops with exit 2. Fails on
+    the code before this change: any Host was answered and --allowed-hosts did not exist."""
+    from betaprm.cli import main
+    from betaprm.serve_requests import host_allowed as _host_allowed
+
+    body = {"question": "q", "steps": ["a"]}
+    for host in (f"localhost:{server.port}", f"[::1]:{server.port}", f"127.0.0.1:{server.port}"):
+        assert server.request("POST", "/v1/score", body, headers={"Host": host})[0] == 200, host
+    for host in (f"evil.example:{server.port}", "127.0.0.1", f"localhost:{server.port + 1}", "localhost.evil.example"):
+        status, res = server.request("GET", "/health", headers={"Host": host})
+        assert status == 400 and "--allowed-hosts" in res["error"], (host, res)
+    head = b"GET /health HTTP/1.0"  # no Host header at all
+    status, res = raw_http(server.port, head)
+    assert status == 400 and "no Host header" in res["error"]
+    key = {"Authorization": "Bearer k2"}
+    assert guarded.request("GET", "/health", headers={**key, "Host": "rm.internal:5000"})[0] == 200
+    assert guarded.request("GET", "/health", headers={**key, "Host": "localhost:1234"})[0] == 200
+    assert guarded.request("GET", "/health", headers={**key, "Host": "rm.internal:5001"})[0] == 400
+    assert guarded.request("GET", "/health", headers={**key, "Host": f"127.0.0.1:{guarded.port}"})[0] == 400
+    assert _host_allowed("anything.example:1", ("*",))
+    assert main(["serve", "--model", str(prm_dir), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "--allowed-hosts" in err and "Traceback" not in err
+
+
+def test_a_trace_that_cannot_fit_is_413_before_it_is_tokenised(server):
+    """More characters than the model's positions could hold whatever the tokens, or more
+    steps than positions: 413 at once, and the trace never reaches the scorer. Fails on the
+    code before this change: such a trace was tokenised in the scoring thread (a 15 MB one
+    for 43 s) before its 413 said "tokens"."""
+    before = server.request("GET", "/health")[1]["traces"]
+    status, res = server.request("POST", "/v1/score", {"question": "q", "steps": ["word " * 12000]})
+    assert status == 413 and "characters, more than the model's 1024 positions" in res["error"], res
+    status, res = server.request("POST", "/v1/score", {"question": "q", "steps": ["a"] * 1025})
+    assert status == 413 and "1025 steps" in res["error"], res
+    status, res = server.request("POST", "/get_reward", {"query": ["q" + "\n\n".join(["a"] * 1100)], "prompts": ["q"]})
+    assert status == 413 and "steps" in res["error"], res
+    # Within the bound but over the positions: tokenised, refused before the scorer.
+    status, res = server.request("POST", "/v1/score", {"question": "q", "steps": ["word " * 2000]})
+    assert status == 413 and "tokens, more than the model's 1024 positions" in res["error"]
+    assert server.request("GET", "/health")[1]["traces"] == before
+
+
+def test_a_long_tokenisation_does_not_hold_up_small_requests(prm_dir, monkeypatch):
+    """While one request's traces are being tokenised (held here until released), a small
+    request is tokenised and scored: tokenising runs in its own threads, not in the one
+    scoring thread nor on the event loop. Fails on the code before this change: the scoring
+    thread tokenised, so the small request waited for the long one."""
+    import uvicorn
+
+    from betaprm import serve
+
+    entered, release = threading.Event(), threading.Event()
+    original = serve.encode_traces
+
+    def held(tokenizer, marker_id, traces, fmt):
+        if any(t[0] == "hold" for t in traces):
+            entered.set()
+            release.wait(60)
+        return original(tokenizer, marker_id, traces, fmt)
+
+    monkeypatch.setattr(serve, "encode_traces", held)
+    port = free_port()
+    app = serve.create_app(BetaPRM.from_pretrained(prm_dir), serve.ServeSettings(port=port))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        while not srv.started:
+            time.sleep(0.05)
+
+        def post(body, timeout):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+            conn.request("POST", "/v1/score", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+
+        slow = []
+        t = threading.Thread(target=lambda: slow.append(post({"question": "hold", "steps": ["a b"]}, 120)))
+        t.start()
+        assert entered.wait(30)
+        try:
+            status, res = post({"question": "q", "steps": ["a"]}, 20)  # a hang guard, not a speed check
+            assert status == 200 and len(res["mu"]) == 1
+        finally:
+            release.set()
+        t.join(60)
+        assert slow and slow[0][0] == 200
+    finally:
+        release.set()
+        srv.should_exit = True
+        thread.join(30)
+
+
+def test_a_chunked_body_over_the_cap_is_refused_while_it_streams(server):
+    """A chunked body (no Content-Length to check) is read as it arrives and refused (413)
+    at the cap, without waiting for the rest. Fails on the code before this change: the
+    whole body was buffered first (a 50 MB one in memory) and --max-request-bytes did not
+    exist."""
+    import select
+
+    total, sent, chunk = 30 * 2**20, 0, b"[" + b" " * 65534 + b"]"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        s.sendall(
+            f"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        try:
+            while sent < total and not select.select([s], [], [], 0)[0]:
+                s.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading: its answer is waiting
+        answer = s.recv(65536)
+        while not answer.endswith(b"}") and (more := s.recv(65536)):
+            answer += more
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"over the server's 1000000" in answer
+    assert sent < total // 2  # refused long before the end of the body
+    assert server.request("POST", "/v1/score", {"question": "q", "steps": ["a"]})[0] == 200
+
+
+def test_unencodable_text_is_a_400(server):
+    """A lone surrogate escape ("\\ud800") in a step, the question or a query is a 400
+    naming where it is; a proper pair (an emoji) is scored. Fails on the code before this
+    change: the tokenizer's TypeError was a 500."""
+    for raw, where in (
+        (b'{"question": "q", "steps": ["a \\ud800 b"]}', "body['steps'][0]"),
+        (b'{"question": "\\udfff", "steps": ["a"]}', "body['question']"),
+        (b'{"items": [{"question": "q", "steps": ["a", "b\\uDC00"]}]}', "body['items'][0]['steps'][1]"),
+    ):
+        status, res = server.request("POST", "/v1/score", raw=raw)
+        assert status == 400 and f"{where} holds a lone surrogate" in res["error"], (raw, res)
+    status, res = server.request("POST", "/get_reward", raw=b'{"query": ["q\\n\\n\\ud800"], "prompts": ["q"]}')
+    assert status == 400 and "body['query'][0]" in res["error"], res
+    assert server.request("POST", "/v1/score", raw=b'{"question": "q", "steps": ["a \\ud83d\\ude00"]}')[0] == 200
+
+
+@pytest.mark.parametrize(
+    "field,value,ok",
+    [("lam", 1e308, False), ("lam", -101, False), ("lam", 100, True), ("tau", -0.1, False), ("tau", 0, True)],
+)
+def test_request_values_are_range_checked(server, field, value, ok):
+    """``lam`` must be finite with |lam| <= 100 and ``tau`` finite and >= 0, else 400 naming
+    the field. Fails on the code before this change: lam 1e308 and a negative tau were
+    scored (200)."""
+    status, res = server.request("POST", "/v1/score", {"question": "q", "steps": ["a"], field: value})
+    if ok:
+        assert status == 200, res
+    else:
+        assert status == 400 and f"field {field!r} must be a finite number" in res["error"], res
+
+
+def test_images_over_the_pixel_cap_are_refused_before_they_are_decoded():
+    """An 11 KB PNG of 9500x9500 pixels (270 MB decoded) is a 400 naming its size, read from
+    its header: nothing is decoded; a smaller cap applies as given. Fails on the code
+    before this change: PIL only warned and the image was decoded."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from betaprm.serve_requests import RequestError
+    from betaprm.serve_requests import image_from_url as _image
+
+    buf = io.BytesIO()
+    Image.new("1", (9500, 9500)).save(buf, "PNG")
+    assert len(buf.getvalue()) < 50_000
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    with pytest.raises(RequestError, match=r"items\[0\].images\[0\]: an image too large .*90250000 pixels") as e:
+        _image(url, "items[0].images[0]")
+    assert e.value.status == 400
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 200)).save(buf, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    assert _image(url, "x").size == (300, 200)
+    with pytest.raises(RequestError, match=r"300x200 image \(60000 pixels\) is over the server's 50000 pixels"):
+        _image(url, "x", max_pixels=50_000)
+
+
+def test_an_unreadable_images_message_shows_no_memory_address():
+    """Fails on the code before this change: the 400 read "cannot identify image file
+    <_io.BytesIO object at 0x7f...>", an object's repr."""
+    import base64
+
+    from betaprm.serve_requests import RequestError
+    from betaprm.serve_requests import image_from_url as _image
+
+    url = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
+    with pytest.raises(RequestError, match="not a readable image") as e:
+        _image(url, "the trace.images[0]")
+    assert "0x" not in str(e.value) and "object at" not in str(e.value) and "the trace.images[0]" in str(e.value)

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 
 from .errors import BetaPRMInputError
+from .hub import resolve_model
 
 __all__ = ["ChatTemplateReader", "load_policy_tokenizer", "reward_reader", "reward_traces", "special_tokens"]
 
@@ -195,8 +196,9 @@ def load_policy_tokenizer(name, trust_remote_code: bool = False):
     AutoTokenizer; it must have a chat template (that is what it is for)."""
     from transformers import AutoTokenizer
 
+    path = resolve_model(name, flag="--policy-tokenizer", files="tokenizer").path
     try:
-        tok = AutoTokenizer.from_pretrained(str(name), trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise BetaPRMInputError(f"--policy-tokenizer {name}: cannot load a tokenizer from it ({e})") from None
     if not getattr(tok, "chat_template", None):

@@ -12,3 +12,18 @@ class BetaPRMInputError(ValueError):
 class TrainingDivergedError(RuntimeError):
     """Training produced a non-finite loss or gradient; it stopped before the optimiser
     step that would have written NaN into the weights. The CLI exits with status 1."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a message or a log line: userinfo (``user:password@``) becomes
+    ``***@``. Every URL that enters a message goes through here, since a base URL may
+    carry a password. The cut is at the last ``@`` before any ``?`` or ``#``, so a
+    password holding ``@`` or ``/`` is hidden whole."""
+    head, sep, rest = str(url).partition("://")
+    if not sep:
+        head, rest = "", head  # no scheme: "user:pass@host" is still hidden
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, cut)
+    if at < 0:
+        return url
+    return f"{head}{sep}***{rest[at:]}"

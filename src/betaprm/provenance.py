@@ -10,8 +10,19 @@ Every resumable output ``OUT`` (JSONL, appended) is written through ``open_outpu
 - ``OUT.lock`` is held (``fcntl.flock``, exclusive, non-blocking) for as long as the run
   writes, so a second process on the same output stops at once instead of writing every
   record a second time. The OS drops the lock when the holder exits or is killed, so a
-  killed run never leaves a stale lock; the empty lock file itself stays (removing it
-  would race with a process that has just opened it).
+  killed run never leaves a stale lock. A run that ends removes its lock file; a process
+  that locked a file just removed sees that the path no longer names its file and
+  locks again, so removing never lets two writers in. A failed run also removes a
+  sidecar it wrote when no record was written;
+- existing records without a sidecar are refused unless ``--adopt-output`` says to take
+  them as this run's (``OutputOptions``): a moved-away sidecar must not let records of
+  another model be resumed under this one's settings.
+
+``check_paths`` refuses an output (or rejects, or plot) path that is one of the command's
+inputs or another of its outputs, and one that cannot be written, before any work starts.
+
+Over 400 lines because everything that decides whether an output may be written (paths,
+locks, sidecars, strict JSON) is kept in one place, so every command applies the same rules.
 
 Settings leave out what does not change a record: batch sizes (scores do not depend on
 how traces are batched), devices, progress, output and input paths. The input file is
@@ -38,6 +49,7 @@ from pathlib import Path
 
 from .errors import BetaPRMInputError
 from .hub import resolve_model
+from .options import opt
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +91,8 @@ def model_fingerprint(path) -> str:
     """A short hex id of a model directory's contents: its weights, configs and tokenizer
     files (by name and content, not by path or modification time, so a copied or moved
     model keeps its fingerprint). A hub name is resolved to its snapshot (``betaprm.hub``:
-    the cache, or a download, as loading the model would), so a model has one fingerprint
-    however it is named."""
+    the cache, or a download, as loading the model would), so a hub name and a folder holding
+    the same files share one fingerprint."""
     p = Path(path)
     if not p.is_dir():
         p = resolve_model(path).path
@@ -138,8 +150,26 @@ def fingerprint(path) -> str:
 
 
 def settings_of(cfg, exclude) -> dict:
-    """A config dataclass's fields as a dict, less ``exclude`` (the cosmetic ones)."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in exclude}
+    """A config dataclass's fields as a dict, less ``exclude`` (the cosmetic ones) and the
+    fields marked ``result=False`` (``OutputOptions``': how to treat the output, not what
+    makes its records)."""
+    return {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.name not in exclude and f.metadata.get("result", True)
+    }
+
+
+@dataclasses.dataclass
+class OutputOptions:
+    """The flag every command with a resumable output (``open_output``) shares."""
+
+    adopt_output: bool = opt(
+        False,
+        "take records already in the output whose settings file (OUT.meta.json) is missing as this run's, and "
+        "resume them (without it such an output is refused: its records may come from other settings)",
+        result=False,
+    )
 
 
 def differences(old: dict, new: dict, old_info: dict | None = None, new_info: dict | None = None) -> list[str]:
@@ -171,21 +201,44 @@ def _write_json(path: Path, obj) -> None:
 def _lock(path: Path, flag: str):
     import fcntl
 
-    fh = open(str(path) + LOCK_SUFFIX, "a")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    lock = Path(str(path) + LOCK_SUFFIX)
+    while True:
+        fh = open(lock, "a")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise BetaPRMInputError(
+                f"another process is writing {path} (it holds {lock}); wait for it to finish, or give this run "
+                f"another {flag}"
+            ) from None
+        # The holder removes the lock file when it ends: a file opened just before that is
+        # no longer at this path, and holding it would let a third process lock a new one.
+        try:
+            st = os.stat(lock)
+        except FileNotFoundError:
+            st = None
+        mine = os.fstat(fh.fileno())
+        if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+            return fh
         fh.close()
-        raise BetaPRMInputError(
-            f"another process is writing {path} (it holds {path}{LOCK_SUFFIX}); wait for it to finish, "
-            f"or give this run another {flag}"
-        ) from None
-    return fh
 
 
-def _check_settings(path: Path, settings: dict, info: dict, flag: str) -> None:
+def _unlock(path: Path, fh) -> None:
+    """Remove the lock file while still holding it (see ``_lock``), then release it."""
+    with contextlib.suppress(OSError):
+        os.unlink(str(path) + LOCK_SUFFIX)
+    fh.close()
+
+
+def _has_records(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _check_settings(path: Path, settings: dict, info: dict, flag: str, adopt: bool = False) -> bool:
+    """Compare ``settings`` with the sidecar's, or write it; True when this wrote a new sidecar."""
     meta = meta_path(path)
-    has_records = path.is_file() and path.stat().st_size > 0
+    has_records = _has_records(path)
     if has_records and meta.is_file():
         try:
             old = json.loads(meta.read_text(encoding="utf-8"))
@@ -204,20 +257,33 @@ def _check_settings(path: Path, settings: dict, info: dict, flag: str) -> None:
                 + f"\nresuming would mix the two in one file: rerun with the recorded settings to resume, "
                 f"or write to another {flag}, or delete {path} to start anew"
             )
-        return
+        return False
     if has_records:
-        # Written before outputs recorded their settings: nothing to check against.
-        logger.warning(f"{path}: no {meta.name} records the settings of the existing records; assuming this run's")
-    # No records yet (or none checkable): these settings are the file's from now on.
+        # Without the sidecar nothing says which model or settings made these records:
+        # resuming would label them all as this run's. Only the user can vouch for that.
+        if not adopt:
+            raise BetaPRMInputError(
+                f"{flag} {path}: holds records but no {meta.name} beside it says which settings made them (moved "
+                f"or deleted?); fix: put {meta.name} back, or pass --adopt-output to take the records as this "
+                f"run's, or give another {flag}"
+            )
+        logger.warning(
+            f"{path}: no {meta.name} records the settings of the existing records; adopting them as this run's"
+        )
+    # No records yet (or adopted ones): these settings are the file's from now on.
+    created = not meta.exists()
     _write_json(meta, {"settings": settings, "info": {**info, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}})
+    return created
 
 
 @contextlib.contextmanager
-def open_output(path, settings: dict, info: dict | None = None, flag: str = "--out"):
+def open_output(path, settings: dict, info: dict | None = None, flag: str = "--out", adopt: bool = False):
     """Hold ``path``'s lock and make sure its records are ``settings``' for the duration of
-    the ``with`` block: a second writer, or existing records of other settings, raise
+    the ``with`` block: a second writer, existing records of other settings, or existing
+    records without a sidecar (unless ``adopt``: ``--adopt-output``) raise
     ``BetaPRMInputError`` (``flag`` names the option in the messages). ``info``: what is
-    recorded but not compared (paths, the version)."""
+    recorded but not compared (paths, the version). The lock file is removed at the end;
+    a failed run that wrote no record also removes the sidecar (and empty output) it made."""
     from .model import _version
 
     path = Path(path)
@@ -232,16 +298,114 @@ def open_output(path, settings: dict, info: dict | None = None, flag: str = "--o
         raise BetaPRMInputError(
             f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions"
         ) from None
+    existed, created_meta = path.exists(), False
     try:
         try:
-            _check_settings(path, settings, info, flag)
+            created_meta = _check_settings(path, settings, info, flag, adopt)
         except OSError as e:
             raise BetaPRMInputError(
                 f"{flag} {path}: cannot be written ({e.strerror}); check the folder and its permissions"
             ) from None
         yield path
+    except BaseException:
+        # A run that failed before its first record leaves the folder as it found it, so
+        # the next run (perhaps with other settings) does not meet a sidecar of nothing.
+        with contextlib.suppress(OSError):
+            if created_meta and not _has_records(path):
+                meta_path(path).unlink(missing_ok=True)
+                if not existed and path.is_file():
+                    path.unlink()
+        raise
     finally:
-        fh.close()
+        _unlock(path, fh)
+
+
+# ---------------------------------------------------------------------- output paths
+def rejects_path(output) -> str:
+    """The default rejects file of ``output``: its whole name plus ``.rejects.jsonl``, so
+    ``results.seed1`` and ``results.seed2`` get their own, and ``keep.rejects`` never
+    names an unrelated ``keep.rejects.jsonl``."""
+    return f"{output}.rejects.jsonl"
+
+
+def _resolved(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return p.absolute()
+
+
+def same_path(a, b) -> bool:
+    """Whether ``a`` and ``b`` name one file: ``os.path.samefile`` when both exist (hard
+    links, symlinks), else their resolved paths."""
+    a, b = Path(str(a)), Path(str(b))
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return _resolved(a) == _resolved(b)
+
+
+def _write_problem(flag: str, path, folder: bool) -> str | None:
+    """Why ``path`` (a file, or a ``folder`` to write files into) cannot be written, or None."""
+    p = Path(str(path))
+    if folder and p.exists() and not p.is_dir():
+        return f"{flag} {path}: is a file; give a folder to write into (it is created when missing)"
+    if not folder and p.is_dir():
+        return f"{flag} {path}: is a folder; give the path of the output file inside it"
+    if p.exists():
+        ok = os.access(p, os.W_OK | (os.X_OK if folder else 0))
+        return (
+            None if ok else f"{flag} {path}: cannot be written (no write permission); fix: give a path you can write"
+        )
+    # The nearest existing folder above decides whether the missing ones can be created.
+    up = _resolved(p).parent
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        return (
+            f"{flag} {path}: cannot be written ({up} is a file, so no folder can be made in it); fix: give another "
+            "path"
+        )
+    if not os.access(up, os.W_OK | os.X_OK):
+        return f"{flag} {path}: cannot be written (no write permission in {up}); fix: give a path you can write"
+    return None
+
+
+def check_paths(inputs=(), outputs=(), folders=()) -> None:
+    """Refuse, before any work starts, an output that would clobber an input or another
+    output, or that cannot be written. ``inputs``, ``outputs`` (files) and ``folders``
+    (written into: plots) are ``(flag, path)`` pairs; None paths are left out. An output
+    is compared by ``same_path`` with every input and every other output (a plot file's
+    flag is written ``--plots (NAME)``)."""
+    inputs = [(f, p) for f, p in inputs if p]
+    outputs = [(f, p) for f, p in outputs if p]
+    folders = [(f, p) for f, p in folders if p]
+    for i, (flag, path) in enumerate(outputs):
+        for iflag, ipath in inputs:
+            if same_path(path, ipath):
+                raise BetaPRMInputError(
+                    f"{flag} {path}: is the input {iflag} {ipath}; writing it would destroy the input; fix: give "
+                    f"{flag.split(' ')[0]} another path"
+                )
+        for oflag, opath in outputs[:i]:
+            if same_path(path, opath):
+                raise BetaPRMInputError(
+                    f"{flag} {path}: is also {oflag} {opath}; one would overwrite the other; fix: give "
+                    f"{flag.split(' ')[0]} another path"
+                )
+    for flag, path in folders:
+        for iflag, ipath in inputs:
+            if same_path(path, ipath) and not Path(str(path)).is_dir():
+                raise BetaPRMInputError(
+                    f"{flag} {path}: is the input {iflag} {ipath}; fix: give {flag} a folder for the plots"
+                )
+    # Folders first: a plots folder that is a file is named as such, not through its plots.
+    for flag, path, folder in [*((f, p, True) for f, p in folders), *((f, p, False) for f, p in outputs)]:
+        problem = _write_problem(flag.split(" ")[0], path, folder)
+        if problem:
+            raise BetaPRMInputError(problem)
 
 
 def write_result(path, result: dict, settings: dict, info: dict | None = None) -> None:

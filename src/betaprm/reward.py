@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from .errors import BetaPRMInputError
+from .errors import BetaPRMInputError, redact_url
 
 __all__ = ["StepRewards"]
 
@@ -57,9 +57,16 @@ class StepRewards:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         body = json.dumps({"items": [{"question": q, "steps": s} for q, s in traces]}).encode()
-        status, _, raw = _http_post(self.url + "/v1/score", body, headers, self.timeout, MAX_RESPONSE_BYTES)
+        try:
+            status, _, raw = _http_post(self.url + "/v1/score", body, headers, self.timeout, MAX_RESPONSE_BYTES)
+        except TimeoutError:
+            raise GenerationError(f"{redact_url(self.url)}/v1/score: no answer within {self.timeout:g} s") from None
+        except OSError as e:  # the socket's own message names no URL; this one names it without its password
+            raise GenerationError(f"{redact_url(self.url)}/v1/score: cannot connect ({e})") from None
         if status != 200:
-            raise GenerationError(f"{self.url}/v1/score answered {status}: {raw[:300].decode(errors='replace')}")
+            raise GenerationError(
+                f"{redact_url(self.url)}/v1/score answered {status}: {raw[:300].decode(errors='replace')}"
+            )
         return [(r["mu"], r["sigma"]) for r in json.loads(raw)["results"]]
 
     def score(self, questions: Sequence[str], outputs: Sequence[Sequence[str]]) -> list[list[list[float]]]:

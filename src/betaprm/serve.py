@@ -21,22 +21,32 @@ under uvicorn) with
   request without ``prompts`` is refused (400) unless ``allow_no_prompts``: then the
   question and the response are read from the query alone (the response starts after the
   template's last generation prompt). An empty ``query`` list gets empty lists;
-- ``GET /health`` and ``GET /v1/models``.
+- ``GET /health`` and ``GET /v1/models`` (the model's ``model_name``, never a file path).
 
-Concurrent requests are batched dynamically: traces queue up, and a single worker takes
-what arrived within ``max_wait_ms`` of the first (up to ``max_batch_tokens`` tokens),
-scores it with the offline scorer (``score_token_ids``: packed by padded tokens, one
-forward per batch) and answers every request from it, so the scores equal
-``betaprm score``'s. Bad requests get a 4xx status and a message, never a crash:
-malformed JSON or fields (400), a trace longer than the model's positions or too many
-items (413), a missing or wrong key (401).
+Every route checks, before anything else, the ``Host`` header against ``allowed_hosts``
+(a browser page reaching a loopback server through DNS rebinding sends its own host name:
+400), the key when one is set (401), and that a POST body is ``application/json`` (415: a
+``text/plain`` POST needs no CORS preflight, so any web page could make a browser send
+one). Bodies are read as they stream in and refused at ``max_request_bytes`` (413).
+
+Nothing slow runs on the event loop: a request's JSON is parsed and its images decoded in
+a worker thread, and its traces are checked for size before they are tokenised (more
+characters than ``max_positions * max_chars_per_token`` or more steps than positions can
+never fit: 413 at once), then tokenised in one of ``TOKENIZER_THREADS`` threads, so a
+large trace delays neither small requests nor the scoring of others; a trace over the
+model's positions is refused (413) before it reaches the scorer. Concurrent requests are
+batched dynamically: encoded traces queue up, and a single worker takes what arrived
+within ``max_wait_ms`` of the first (up to about four forwards' worth of tokens), scores
+it with the offline scorer (``score_token_ids``: packed by padded tokens, one forward per
+``max_batch_tokens``) and answers every request from it, so the scores equal ``betaprm
+score``'s. Bad requests get a 4xx status and a message, never a crash: malformed JSON or
+fields, text that is not valid Unicode or values out of range (400), a trace longer than
+the model's positions, a body over the cap or too many items (413).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,9 +59,24 @@ from .errors import BetaPRMInputError
 from .formatting import encode_traces
 from .scoring import DEFAULT_MAX_BATCH_TOKENS, max_positions, score_token_ids
 from .selection import METHODS, candidate_scores
+from .serve_requests import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    MAX_LAM,
+    Guard,
+    RequestError,
+    longest_token_chars,
+    number_field,
+    parse_json,
+    parse_trace,
+    request_size,
+    trace_chars,
+)
 from .types import StepScores
 
 __all__ = ["ServeSettings", "create_app", "trace_scores"]
+
+TOKENIZER_THREADS = 2
+"""Threads that tokenise requests: one long trace leaves the other free for small ones."""
 
 
 @dataclass
@@ -65,7 +90,7 @@ class ServeSettings:
     aggregate: str = "mean"
     step_separator: str = "\n\n"
     api_key: str | None = None
-    model_name: str = "betaprm"
+    model_name: str = "betaprm"  # shown by /v1/models: a name, never a file path
     model_kind: str = "beta"  # betaprm.model.model_kind: beta, standard or zero-shot; shown by /v1/models
     # /get_reward: the policy's tokenizer (a folder or hub name, or a tokenizer object) whose
     # chat template rendered the prompts; None: the PRM's tokenizer's template.
@@ -73,14 +98,13 @@ class ServeSettings:
     # /get_reward: accept a request without "prompts" (read both parts from the query).
     allow_no_prompts: bool = False
     trust_remote_code: bool = False  # for loading policy_tokenizer
-
-
-class RequestError(Exception):
-    """A request the server refuses: ``status`` and a message for the client."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+    # Host header values accepted ("name" any port, "name:port" that port; "*" any host);
+    # None: the loopback names with the port (default_allowed_hosts).
+    allowed_hosts: tuple[str, ...] | None = None
+    port: int = 8000  # for the default allowed_hosts
+    # Characters one token can stand for at most; None: from the tokenizer's longest token.
+    max_chars_per_token: int | None = None
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # per image, checked before it is decoded
 
 
 def trace_scores(s: StepScores, lam: float, tau: float | None) -> dict:
@@ -90,8 +114,8 @@ def trace_scores(s: StepScores, lam: float, tau: float | None) -> dict:
 
 
 class _Batcher:
-    """Gathers queued traces into batches; one worker thread tokenises each batch in one
-    call and scores it, so the event loop only parses requests and answers them."""
+    """Gathers queued encoded traces into batches; one worker thread scores each batch, so
+    the event loop only answers requests and the scorer only runs the model."""
 
     def __init__(self, prm, settings: ServeSettings):
         self.prm = prm
@@ -99,13 +123,42 @@ class _Batcher:
         self.limit = max_positions(prm)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="betaprm-score")
+        self.tokenizers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="betaprm-tokenize")
         self.batches = 0
         self.traces = 0
+        if prm.processor is None:
+            # One call now: a tokenizer whose saved settings pad or truncate resets them on its
+            # first call, which must not happen while another tokenizer thread is encoding.
+            self.encode([("q", ["a"])], ["warm-up"])
 
-    async def score(self, traces: list[tuple[str, list[str]]], names: list[str]) -> list[StepScores]:
+    def encode(self, traces: list[tuple], names: list[str]) -> list:
+        """Token ids per trace (in a tokenizer thread), or the RequestError of a trace over
+        the model's positions, which then never reaches the scorer."""
+        c = self.prm.config
+        try:
+            ids = encode_traces(self.prm.tokenizer, c.marker_id, traces, c.trace_format)
+        except BetaPRMInputError as e:
+            raise RequestError(400, str(e)) from None
+        return [
+            RequestError(
+                413, f"{name}: {len(x)} tokens, more than the model's {self.limit} positions; send a shorter trace"
+            )
+            if self.limit is not None and len(x) > self.limit
+            else x
+            for name, x in zip(names, ids)
+        ]
+
+    async def score(self, traces: list[tuple], names: list[str]) -> list[StepScores]:
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in traces]
-        for t, n, f in zip(traces, names, futures):
+        if self.prm.processor is None:
+            items = await loop.run_in_executor(self.tokenizers, self.encode, traces, names)
+            for r in items:
+                if isinstance(r, RequestError):
+                    raise r
+        else:  # vision-language: the processor encodes text and images together, in the scorer
+            items = traces
+        futures = [loop.create_future() for _ in items]
+        for t, n, f in zip(items, names, futures):
             self.queue.put_nowait((t, n, f))
         # Every future is awaited (no "exception never retrieved"); the first error answers.
         results = await asyncio.gather(*futures, return_exceptions=True)
@@ -115,28 +168,12 @@ class _Batcher:
         return list(results)
 
     def _score(self, batch) -> list:
-        """StepScores, or the RequestError of a trace over the model's positions, per item."""
+        """StepScores per item: token ids, or a vision-language trace."""
         if self.prm.processor is not None:  # vision-language: batches of traces, images decoded
             from .vision import score_multimodal
 
             return score_multimodal(self.prm, [t for t, _, _ in batch])
-        ids = encode_traces(
-            self.prm.tokenizer, self.prm.config.marker_id, [t for t, _, _ in batch], self.prm.config.trace_format
-        )
-        out: list = [None] * len(batch)
-        fits = []
-        for i, ((_, name, _), x) in enumerate(zip(batch, ids)):
-            if self.limit is not None and len(x) > self.limit:
-                out[i] = RequestError(
-                    413, f"{name}: {len(x)} tokens, more than the model's {self.limit} positions; send a shorter trace"
-                )
-            else:
-                fits.append(i)
-        for i, r in zip(
-            fits, score_token_ids(self.prm, [ids[i] for i in fits], max_batch_tokens=self.settings.max_batch_tokens)
-        ):
-            out[i] = r
-        return out
+        return score_token_ids(self.prm, [t for t, _, _ in batch], max_batch_tokens=self.settings.max_batch_tokens)
 
     def _score_alone(self, item):
         try:
@@ -147,13 +184,12 @@ class _Batcher:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         wait = self.settings.max_wait_ms / 1000
-        # Gathered by characters, as tokenising happens in the worker: up to about four
-        # forward batches' worth (3 characters per token is a low estimate), which the
-        # worker packs by padded tokens like the offline scorer.
-        budget = 12 * self.settings.max_batch_tokens
+        # Up to about four forward batches' worth of tokens, which the worker packs by
+        # padded tokens like the offline scorer (vision traces: by characters, a low bound).
+        budget = 4 * self.settings.max_batch_tokens
         while True:
             batch = [await self.queue.get()]
-            size = _chars(batch[0][0])
+            size = request_size(batch[0][0])
             deadline = loop.time() + wait
             while size < budget:
                 left = deadline - loop.time()
@@ -168,7 +204,7 @@ class _Batcher:
                 except (asyncio.TimeoutError, TimeoutError):
                     break
                 batch.append(item)
-                size += _chars(item[0])
+                size += request_size(item[0])
             # A cancelled request (its client went away) needs no scores.
             batch = [b for b in batch if not b[2].done()]
             if not batch:
@@ -176,73 +212,14 @@ class _Batcher:
             try:
                 results = await loop.run_in_executor(self.pool, self._score, batch)
             except Exception:
-                # One trace the tokenizer or model chokes on must not fail the others that
-                # shared its batch: score them one by one, each with its own outcome.
+                # One trace the model chokes on must not fail the others that shared its
+                # batch: score them one by one, each with its own outcome.
                 results = [await loop.run_in_executor(self.pool, self._score_alone, b) for b in batch]
             self.batches += 1
             self.traces += len(batch)
             for (_, _, f), r in zip(batch, results):
                 if not f.done():
                     f.set_exception(r) if isinstance(r, Exception) else f.set_result(r)
-
-
-def _chars(trace: tuple) -> int:
-    return len(trace[0]) + sum(len(x) for x in trace[1])
-
-
-def _text(obj: dict, key: str, where: str) -> str:
-    v = obj.get(key)
-    if not isinstance(v, str):
-        raise RequestError(400, f"{where}: field {key!r} must be a string, got {type(v).__name__}")
-    return v
-
-
-def _number(obj: dict, key: str, default):
-    v = obj.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise RequestError(400, f"field {key!r} must be a finite number, got {v!r}")
-    return float(v)
-
-
-MAX_IMAGES = 16
-"""Images per trace at most."""
-
-
-def _image(url, where: str):
-    """A ``data:image/...;base64,`` URL as a PIL image (the server reads no files or URLs)."""
-    import base64
-    import binascii
-    import io
-
-    from PIL import Image
-
-    if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
-        raise RequestError(400, f"{where}: an image must be a data URL, 'data:image/png;base64,...'")
-    try:
-        raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-        with Image.open(io.BytesIO(raw)) as im:
-            return im.convert("RGB")
-    except (binascii.Error, ValueError, OSError, Image.DecompressionBombError) as e:
-        raise RequestError(400, f"{where}: not a readable image ({e})") from None
-
-
-def _parse_trace(obj, where: str, vision: bool = False) -> tuple:
-    if not isinstance(obj, dict):
-        raise RequestError(400, f"{where}: must be an object with 'question' and 'steps'")
-    question = _text(obj, "question", where)
-    steps = obj.get("steps")
-    if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
-        raise RequestError(400, f"{where}: field 'steps' must be a non-empty list of non-empty strings")
-    images = obj.get("images")
-    if not images:
-        return question, steps
-    if not vision:
-        raise RequestError(400, f"{where}: this server's BetaPRM is text-only; leave out 'images'")
-    if not isinstance(images, list) or len(images) > MAX_IMAGES:
-        raise RequestError(400, f"{where}: field 'images' must be a list of at most {MAX_IMAGES} data URLs")
-    return question, steps, [_image(u, f"{where}.images[{i}]") for i, u in enumerate(images)]
 
 
 def create_app(prm, settings: ServeSettings | None = None):
@@ -260,48 +237,56 @@ def create_app(prm, settings: ServeSettings | None = None):
     batcher = _Batcher(prm.eval(), settings)
     reader = reward_reader(prm, settings)
     vision = prm.processor is not None  # images come as data URLs in /v1/score
+    if vision:
+        from PIL import Image
+
+        # PIL's own bomb check (a warning, made an error in image_from_url) at the server's cap, so
+        # a cap raised above PIL's default is honoured too.
+        Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
     limit = batcher.limit
+    per_token = settings.max_chars_per_token or max(16, 2 * longest_token_chars(prm.tokenizer))
+    max_chars = None if limit is None else limit * per_token
+    repeat = prm.config.trace_format.marker_repeat
 
     @asynccontextmanager
     async def lifespan(app):
         task = asyncio.create_task(batcher.run())
         yield
         task.cancel()
+        batcher.tokenizers.shutdown(wait=True)
         batcher.pool.shutdown(wait=True)
 
     app = FastAPI(title="betaprm", lifespan=lifespan)
+    app.add_middleware(Guard, settings=settings)
 
     @app.exception_handler(RequestError)
     async def _refused(request, exc: RequestError):
         return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
-    async def body_of(request: Request):
-        if settings.api_key is not None:
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {settings.api_key}".encode()):
-                raise RequestError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'")
+    async def raw_body(request: Request) -> bytes:
+        cap = settings.max_request_bytes
         length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > settings.max_request_bytes:
-            raise RequestError(
-                413, f"request body of {length} bytes is over the server's {settings.max_request_bytes}"
-            )
-        raw = await request.body()
-        if len(raw) > settings.max_request_bytes:
-            raise RequestError(
-                413, f"request body of {len(raw)} bytes is over the server's {settings.max_request_bytes}"
-            )
-        try:
-            return json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
-        except (ValueError, RecursionError) as e:
-            raise RequestError(400, f"the body is not valid JSON: {e}") from None
+        if length and length.isdigit() and int(length) > cap:
+            raise RequestError(413, f"request body of {length} bytes is over the server's {cap}")
+        # Read as it streams in and stopped at the cap: a chunked body has no length to check.
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > cap:
+                raise RequestError(413, f"request body of more than {cap} bytes is over the server's {cap}")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
-    def check(traces: list[tuple[str, list[str]]], names: list[str]) -> None:
-        if len(traces) > settings.max_items:
+    def check_count(n: int) -> None:
+        if n > settings.max_items:
             raise RequestError(
-                413,
-                f"{len(traces)} traces in one request, more than the server's {settings.max_items}; send fewer per "
-                "request",
+                413, f"{n} traces in one request, more than the server's {settings.max_items}; send fewer per request"
             )
+
+    def check(traces: list[tuple], names: list[str]) -> None:
+        """Refusals that need no tokenizer: too many items, the marker, and traces too long
+        to fit whatever their tokens (more characters or steps than positions can hold)."""
+        check_count(len(traces))
         marker = prm.config.marker
         for name, (q, steps, *_) in zip(names, traces):
             if marker in q or any(marker in x for x in steps):
@@ -310,6 +295,57 @@ def create_app(prm, settings: ServeSettings | None = None):
                     f"{name} contains the marker text {marker!r}, which would add a scoring position that belongs to "
                     "no step; remove it",
                 )
+            if limit is None:
+                continue
+            if len(steps) * repeat > limit:
+                raise RequestError(
+                    413,
+                    f"{name}: {len(steps)} steps, more than the model's {limit} positions can score; send fewer steps",
+                )
+            n = trace_chars((q, steps))
+            if n > max_chars:
+                raise RequestError(
+                    413,
+                    f"{name}: {n} characters, more than the model's {limit} positions can hold (at most {per_token} "
+                    "characters a token); send a shorter trace",
+                )
+
+    def parse_score(raw: bytes):
+        """In a worker thread: the JSON, and images decoded, off the event loop."""
+        body = parse_json(raw)
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body must be a JSON object: one trace {question, steps} or {items: [...]}")
+        single = "items" not in body
+        items = [body] if single else body["items"]
+        if not isinstance(items, list) or not items:
+            raise RequestError(400, "field 'items' must be a non-empty list of {question, steps} objects")
+        lam = number_field(body, "lam", settings.lam, -MAX_LAM, MAX_LAM, f"in [-{MAX_LAM:g}, {MAX_LAM:g}]")
+        tau = number_field(body, "tau", settings.tau, 0.0, math.inf, ">= 0 (a sigma threshold)")
+        names = ["the trace" if single else f"items[{i}]" for i in range(len(items))]
+        check_count(len(items))  # before any image is decoded
+        traces = [parse_trace(it, n, vision, settings.max_image_pixels) for it, n in zip(items, names)]
+        check(traces, names)
+        return single, traces, names, lam, tau
+
+    def parse_reward(raw: bytes):
+        body = parse_json(raw)
+        if not isinstance(body, dict) or not isinstance(body.get("query"), list):
+            raise RequestError(
+                400,
+                'the body must be {"query": [texts], "prompts": [texts], "labels": [...]} (OpenRLHF\'s remote '
+                "reward model)",
+            )
+        if not body["query"]:  # OpenRLHF's client sends empty lists to spare servers
+            return [], []
+        try:
+            traces = reward_traces(
+                body["query"], body.get("prompts"), reader, settings.step_separator, settings.allow_no_prompts
+            )
+        except BetaPRMInputError as e:
+            raise RequestError(400, str(e)) from None
+        names = [f"query[{i}]" for i in range(len(traces))]
+        check(traces, names)
+        return traces, names
 
     @app.get("/health")
     async def health():
@@ -341,17 +377,8 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.post("/v1/score")
     async def score(request: Request):
-        body = await body_of(request)
-        if not isinstance(body, dict):
-            raise RequestError(400, "the body must be a JSON object: one trace {question, steps} or {items: [...]}")
-        single = "items" not in body
-        items = [body] if single else body["items"]
-        if not isinstance(items, list) or not items:
-            raise RequestError(400, "field 'items' must be a non-empty list of {question, steps} objects")
-        lam, tau = _number(body, "lam", settings.lam), _number(body, "tau", settings.tau)
-        names = ["the trace" if single else f"items[{i}]" for i in range(len(items))]
-        traces = [_parse_trace(it, n, vision) for it, n in zip(items, names)]
-        check(traces, names)
+        raw = await raw_body(request)
+        single, traces, names, lam, tau = await asyncio.to_thread(parse_score, raw)
         scores = await batcher.score(traces, names)
         results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]
         # A ready response: FastAPI's encoder would walk every float of every list again.
@@ -359,23 +386,10 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.post("/get_reward")
     async def get_reward(request: Request):
-        body = await body_of(request)
-        if not isinstance(body, dict) or not isinstance(body.get("query"), list):
-            raise RequestError(
-                400,
-                'the body must be {"query": [texts], "prompts": [texts], "labels": [...]} (OpenRLHF\'s remote '
-                "reward model)",
-            )
-        if not body["query"]:  # OpenRLHF's client sends empty lists to spare servers
+        raw = await raw_body(request)
+        traces, names = await asyncio.to_thread(parse_reward, raw)
+        if not traces:
             return JSONResponse({"rewards": [], "scores": [], "step_rewards": []})
-        try:
-            traces = reward_traces(
-                body["query"], body.get("prompts"), reader, settings.step_separator, settings.allow_no_prompts
-            )
-        except BetaPRMInputError as e:
-            raise RequestError(400, str(e)) from None
-        names = [f"query[{i}]" for i in range(len(traces))]
-        check(traces, names)
         scores = await batcher.score(traces, names)
         agg = [trace_scores(s, settings.lam, settings.tau)[settings.aggregate] for s in scores]
         # OpenRLHF reads "rewards", and "scores" (dynamic filtering) when present.

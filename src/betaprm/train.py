@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -31,8 +32,11 @@ import torch
 from torch import nn
 
 from .beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
+from .card import license_of
 from .errors import BetaPRMInputError, TrainingDivergedError
+from .hub import resolve_model
 from .options import opt as _f
+from .provenance import same_path
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +217,18 @@ class TrainConfig:
             problems.append(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.lora_r < 0:
             problems.append(f"--lora-r must be >= 0, got {self.lora_r}")
+        # torch refuses NaN and negative rates only when the optimiser is built (a traceback
+        # after the model loaded) and trains on inf or 1e30, ruining the weights at step one.
+        if not (math.isfinite(self.learning_rate) and 0 < self.learning_rate <= 1):
+            problems.append(
+                f"--learning-rate must be a finite number in (0, 1], got {self.learning_rate} (typical: 1e-6 to 1e-4)"
+            )
+        if not (math.isfinite(self.head_lr_multiplier) and 0 < self.head_lr_multiplier <= 1e4):
+            problems.append(
+                f"--head-lr-multiplier must be a finite number in (0, 10000], got {self.head_lr_multiplier}"
+            )
+        if self.rejects and self.data and same_path(self.rejects, self.data):
+            problems.append(f"--rejects {self.rejects} is the input --data; writing it would destroy the data")
         if self.overwrite_output_dir and self.resume_from_checkpoint:
             problems.append(
                 "--overwrite-output-dir starts anew and --resume-from-checkpoint continues a run: give one of them"
@@ -604,7 +620,6 @@ def load_or_create(cfg: TrainConfig):
     """A BetaPRM from a BetaPRM checkpoint or a plain causal LM (new head)."""
     from safetensors import SafetensorError
 
-    from .hub import resolve_model
     from .model import BetaPRM, model_kind
 
     # A folder or a hub name (resolved through the hub cache; a path that is not on disk is
@@ -936,6 +951,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
 
     prm = load_or_create(cfg)
     prm.config.objective = cfg.objective  # saved in betaprm_config.json: how the model scores (model_kind)
+    card = card_of(cfg, record)  # before training: nothing after it can fail to build the card
     if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
         raise BetaPRMInputError(
             f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); "
@@ -1053,7 +1069,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     if hasattr(prm.backbone, "merge_and_unload"):
         prm.backbone = prm.backbone.merge_and_unload()
     if trainer.args.should_save:
-        prm.save_pretrained(out_dir, state_dict=full_state, card=card_of(cfg))
+        prm.save_pretrained(out_dir, state_dict=full_state, card=card)
         summary = {
             "config": asdict(cfg),
             "run": record,
@@ -1079,17 +1095,14 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     return prm, trainer, dataset.stats
 
 
-def card_of(cfg: TrainConfig) -> dict:
+def card_of(cfg: TrainConfig, record: dict) -> dict:
     """The model card's settings for the final model (``betaprm.card.model_card``): its hub
-    name, licence (``--license``, else the base model's card's) and training data."""
-    from .card import license_of
-    from .hub import resolve_model
-    from .provenance import data_fingerprint
-
+    name, licence (``--license``, else the base model's card's) and training data (its
+    fingerprint from the run ``record``)."""
     return {
         "name": cfg.push_to_hub,
         "license": cfg.license or license_of(resolve_model(cfg.model).path),
-        "data": {"name": cfg.data, "fingerprint": data_fingerprint(cfg.data)},
+        "data": {"name": cfg.data, "fingerprint": record["settings"]["data"]},
     }
 
 

@@ -4,15 +4,17 @@ settings a resumed --out must match."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from ..generation.factory import RUNTIME_SETTINGS
 from ..options import opt as _f
+from ..provenance import OutputOptions
 
 
 @dataclass
-class ProblemOptions:
+class ProblemOptions(OutputOptions):
     model: str = _f(
         "",
         "the BetaPRM that scores (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
@@ -21,7 +23,13 @@ class ProblemOptions:
     problems: str | None = _f(
         None,
         "JSONL problems with id, question and, for an accuracy, answer; optional images (paths relative to the "
-        "file) (default: the chain-arithmetic test split)",
+        "file's folder, and inside it) (default: the chain-arithmetic test split)",
+    )
+    image_root: str | None = _f(
+        None,
+        "the folder the problems' image paths are relative to and must stay inside (default: the problems file's "
+        "folder); images go only to a policy that takes them (--backend openai --endpoint chat) and a "
+        "vision-language PRM",
     )
     world_config: str | None = _f(None, "chain-arithmetic world settings (JSON), as for betaprm demo")
     seed: int = _f(0, "the demo seed whose test split to use, and the sampling seed")
@@ -39,6 +47,10 @@ class ProblemOptions:
                 f"--backend {self.backend} needs --problems (text problems); the chain-arithmetic world is generated "
                 "by --backend synth"
             )
+        if self.image_root is not None and self.problems is None:
+            bad.append("--image-root is the folder of a problems file's images; give it with --problems")
+        elif self.image_root is not None and not os.path.isdir(self.image_root):
+            bad.append(f"--image-root {self.image_root}: no such folder; fix: give the folder that holds the images")
         if self.problems is not None and self.backend == "synth":
             bad.append(
                 "--backend synth continues chain-arithmetic problems only; give --backend transformers/openai/vllm "
@@ -55,6 +67,7 @@ NOT_RESULTS = {
     "policy",
     "out",
     "problems",
+    "image_root",
     "n_problems",
     "world_config",
     "batch_size",
@@ -79,8 +92,20 @@ def run_with_output(cfg, run, not_results=NOT_RESULTS):
     """``run(cfg)`` with --out checked against its earlier settings and locked, before the
     model loads: a wrong resume stops at once."""
     from ..model import model_kind
-    from ..provenance import open_output
+    from ..provenance import check_paths, open_output
 
+    plots = getattr(cfg, "plots", None)
+    check_paths(
+        [
+            ("--model", cfg.model),
+            ("--policy", cfg.policy),
+            ("--problems", cfg.problems),
+            ("--world-config", cfg.world_config),
+            ("--baseline", getattr(cfg, "baseline", None)),
+        ],
+        [("--out", cfg.out), ("--plots (aca_tokens.png)", f"{plots}/aca_tokens.png" if plots else None)],
+        [("--plots", plots)],
+    )
     where = {
         "model": cfg.model,
         "model_kind": model_kind(cfg.model),
@@ -88,7 +113,7 @@ def run_with_output(cfg, run, not_results=NOT_RESULTS):
         "problems": cfg.problems,
         "world_config": cfg.world_config,
     }
-    with open_output(cfg.out, result_settings(cfg, not_results), where):
+    with open_output(cfg.out, result_settings(cfg, not_results), where, adopt=cfg.adopt_output):
         return run(cfg)
 
 
@@ -102,6 +127,9 @@ def setup(cfg) -> SimpleNamespace:
     from ..model import BetaPRM, model_kind
     from ..scoring import PRMScorer
 
+    # A problems file is read, its images checked, before the model loads: a bad path stops at once.
+    where: dict = {}
+    tasks = read_problems(cfg.problems, cfg.image_root, where) if cfg.problems is not None else None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     prm = BetaPRM.from_pretrained(cfg.model, device=device).eval()
     print(f"{cfg.model} ({model_kind(cfg.model)}) scores the candidates")
@@ -119,10 +147,24 @@ def setup(cfg) -> SimpleNamespace:
         run.answer_of, run.is_correct = synth_answer, synth_is_correct
         return run
     from ..answers import AnswerChecker, final_answer
+    from ..errors import BetaPRMInputError
 
     run.world = None
-    run.tasks = read_problems(cfg.problems)
+    run.tasks = tasks
+    with_images = next((t for t in tasks if t.images), None)
+    if with_images is not None and not prm.is_vision:
+        raise BetaPRMInputError(
+            f"{where[with_images.id]}: field 'images': {cfg.model} is a text-only PRM and cannot score images, so "
+            "they are not sent to the policy either; fix: use a vision-language BetaPRM or remove the images"
+        )
     run.generator = build_generator(cfg, seed=cfg.seed)
+    if with_images is not None and not getattr(run.generator, "takes_images", False):
+        raise BetaPRMInputError(
+            f"{where[with_images.id]}: field 'images': --backend {cfg.backend}"
+            + (f" --endpoint {cfg.endpoint}" if cfg.backend == "openai" else "")
+            + " does not take images, so none are sent; fix: --backend openai --endpoint chat with a "
+            "vision-language policy, or remove the images"
+        )
     checker = AnswerChecker()
     run.answer_of, run.close = final_answer, checker.close
 
@@ -133,14 +175,16 @@ def setup(cfg) -> SimpleNamespace:
     return run
 
 
-def read_problems(path: str) -> list:
-    """Problems (id, question, optional answer and images) with file:line errors."""
+def read_problems(path: str, image_root: str | None = None, where: dict | None = None) -> list:
+    """Problems (id, question, optional answer and images) with file:line errors. Image
+    paths are relative to ``image_root`` (default: the file's folder) and must stay inside
+    it; ``where``, when given, receives each problem's ``file:line`` by id."""
     from ..data.records import problem_fields, read_objects
     from ..errors import BetaPRMInputError
     from ..types import Task
 
     tasks, seen = [], set()
-    for where, r in read_objects(
+    for at, r in read_objects(
         path,
         ("id", "question"),
         "id, question and, for an accuracy, answer (the reference)",
@@ -148,34 +192,41 @@ def read_problems(path: str) -> list:
     ):
         # Without an answer the problem is still solved: its record has the choice, no verdict.
         if "answer" in r:
-            rid, question, answer = problem_fields(r, where)
+            rid, question, answer = problem_fields(r, at)
         else:
-            rid, question, _ = problem_fields({**r, "answer": "-"}, where)
+            rid, question, _ = problem_fields({**r, "answer": "-"}, at)
             answer = None
         if rid in seen:
-            raise BetaPRMInputError(f"{where}: id {rid!r} appears twice; ids must be unique")
+            raise BetaPRMInputError(f"{at}: id {rid!r} appears twice; ids must be unique")
         seen.add(rid)
-        tasks.append(Task(rid, question, answer, images=_images(r, where, path)))
+        if where is not None:
+            where[rid] = at
+        tasks.append(Task(rid, question, answer, images=_images(r, at, path, image_root)))
     return tasks
 
 
-def _images(r: dict, where: str, path: str) -> list[str]:
-    """A problem's ``images`` (paths, relative ones to the problems file's folder)."""
+def _images(r: dict, where: str, path: str, image_root: str | None = None) -> list[str]:
+    """A problem's ``images`` as real paths inside ``image_root`` (default: the problems
+    file's folder), each decoded as an image within the size caps: they may be sent to a
+    server, so nothing else is let through."""
     from pathlib import Path
 
     from ..errors import BetaPRMInputError
-    from ..scoring import _pool_images
+    from ..image_files import ImageRefused, read_image, resolve_image
 
     imgs = r.get("images", [])
     if not isinstance(imgs, list) or not all(isinstance(p, str) and p for p in imgs):
         raise BetaPRMInputError(f"{where}: field 'images' must be a list of image paths, got {imgs!r:.80}")
-    paths = _pool_images({"images": imgs}, path)
-    missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
-        raise BetaPRMInputError(
-            f"{where}: field 'images': no such file {missing[0]!r}; fix: paths are relative to the problems file"
-        )
-    return paths
+    root = image_root if image_root is not None else Path(path).parent
+    out = []
+    for p in imgs:
+        try:
+            real = resolve_image(p, root)
+            read_image(real)
+        except ImageRefused as e:
+            raise BetaPRMInputError(f"{where}: field 'images': {e}") from None
+        out.append(real)
+    return out
 
 
 def summary_line(name: str, s: dict, out: str, extra: str = "") -> str:

@@ -86,3 +86,13 @@ def write_evaluation(cfg, res: dict) -> None:
         **settings_of(cfg, EVALUATION_NOT_RESULTS),
     }
     write_result(cfg.out, res, settings, {"model": cfg.model, "data": cfg.data})
+
+
+def check_eval_outputs(cfg, plot_files=()) -> None:
+    """--out and --plots (and the ``plot_files`` written there) checked before the model
+    loads: an unwritable path, or one that is --data or --model, would otherwise fail
+    after the whole evaluation, losing its results."""
+    from ..provenance import check_paths
+
+    plots = [(f"--plots ({name})", f"{cfg.plots}/{name}") for name in plot_files] if cfg.plots else []
+    check_paths([("--data", cfg.data), ("--model", cfg.model)], [("--out", cfg.out), *plots], [("--plots", cfg.plots)])

@@ -69,6 +69,7 @@ def run(args):
 
     from ..data.convert import ConvertOptions, convert_file
     from ..errors import BetaPRMInputError
+    from ..provenance import check_paths
 
     if args.soft_n is not None and not 1 <= args.soft_n <= 2**24:
         raise BetaPRMInputError(
@@ -89,6 +90,10 @@ def run(args):
         er_eta=args.er_eta,
     )
     rejects = args.rejects or str(Path(args.output).with_suffix("")) + ".rejects.jsonl"
+    check_paths(
+        [("--input", args.input)],
+        [("--output", args.output), ("--rejects", rejects if args.on_error == "skip" else None)],
+    )
     stats = convert_file(args.fmt, args.input, args.output, opts, on_error=args.on_error, rejects=rejects)
     msg = (
         f"{args.input} ({args.fmt}): {stats['read']} read, {stats['written']} records with {stats['steps']} steps "

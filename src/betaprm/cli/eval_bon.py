@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..options import opt as _f
 from ._scoring import ScoringOptions
@@ -51,7 +52,7 @@ class EvalBonConfig(ScoringOptions):
     on_error: str = _f(
         "fail",
         "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to "
-        "POOLS.rejects.jsonl and count it in the results)",
+        "POOL_FILE.rejects.jsonl, e.g. math.jsonl.rejects.jsonl, and count it in the results)",
     )
 
     def __post_init__(self):
@@ -114,12 +115,23 @@ def run(args):
     from ..answers import AnswerChecker, LLMJudge, final_answer
     from ..data.records import read_records
     from ..errors import BetaPRMInputError
-    from ..evaluation.bon import SELECTORS, check_pools, evaluate_pools
+    from ..evaluation.bon import SELECTORS, NoTestProblems, check_pools, evaluate_pools
+    from ..evaluation.bon import _split as split_problems
     from ..generation.factory import read_api_key
-    from ..provenance import write_result
+    from ..provenance import check_paths, rejects_path, write_result
     from ._config import config_from_args
 
     cfg = config_from_args(EvalBonConfig, args)
+    paths = pool_paths(cfg)
+    check_paths(
+        [*(("--pools", p) for p in paths), ("--model", cfg.model)],
+        [
+            ("--out", cfg.out),
+            *(("--pools (rejects)", rejects_path(p)) for p in paths if cfg.on_error == "skip"),
+            *((f"--plots (best_of_n_{Path(p).stem}.png)", plot_path(cfg, p)) for p in paths if cfg.plots),
+        ],
+        [("--plots", cfg.plots)],
+    )
     # A key goes to the judge only when --api-key-env names where it is.
     checker = (
         LLMJudge(cfg.judge_url, cfg.judge_model, api_key=read_api_key(cfg.api_key_env))
@@ -128,21 +140,12 @@ def run(args):
     )
     prm, kind = None, None
     results, curves = {}, {}
-    for path in [p.strip() for p in cfg.pools.split(",") if p.strip()]:
+    for path in paths:
         name = Path(path).stem
-        loaded = read_records(
-            path,
-            kind="pool",
-            flag="--pools",
-            on_error=cfg.on_error,
-            rejects=str(Path(path).with_suffix("")) + ".rejects.jsonl",
-        )
+        loaded = read_records(path, kind="pool", flag="--pools", on_error=cfg.on_error, rejects=rejects_path(path))
         records = loaded.records
         if loaded.n_rejected:
-            print(
-                f"{path}: {loaded.n_rejected} bad pool records left out (see "
-                f"{Path(path).with_suffix('')}.rejects.jsonl)"
-            )
+            print(f"{path}: {loaded.n_rejected} bad pool records left out (see {rejects_path(path)})")
         if not records:
             raise BetaPRMInputError(
                 f"--pools {path}: holds no usable pool records; fix: give a JSONL file with one pool (id, question, "
@@ -153,6 +156,11 @@ def run(args):
                 raise BetaPRMInputError(
                     f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer"
                 )
+        # The split hangs on the questions alone: refused before any scoring or answer check.
+        if not split_problems([SimpleNamespace(question=r["question"]) for r in records], cfg.val_fraction, cfg.seed)[
+            1
+        ]:
+            raise _no_test_problems(cfg, path, len(records))
         if not all("mu" in c for r in records for c in r["candidates"]):
             if not cfg.model:
                 raise BetaPRMInputError(
@@ -165,7 +173,10 @@ def run(args):
             _score_in_place(prm, records, cfg, path)
         before = checker.failed
         pools = check_pools(records, final_answer, checker.check_many)
-        res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
+        try:
+            res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
+        except NoTestProblems:
+            raise _no_test_problems(cfg, path, len(pools)) from None
         res["answer_checks_failed"] = checker.failed - before
         res["pool_records_rejected"] = loaded.n_rejected
         res["candidates_truncated"] = sum("steps_scored" in c for r in records for c in r["candidates"])
@@ -216,9 +227,39 @@ def run(args):
         from ..evaluation import plots
 
         Path(cfg.plots).mkdir(parents=True, exist_ok=True)
-        for n, c in curves.items():
-            plots.best_of_n_curves(c, Path(cfg.plots) / f"best_of_n_{n}.png")
+        for p in paths:
+            plots.best_of_n_curves(curves[Path(p).stem], plot_path(cfg, p))
     return 0
+
+
+def _no_test_problems(cfg, path, n):
+    from ..errors import BetaPRMInputError
+
+    return BetaPRMInputError(
+        f"--pools {path}: all {n} problems fall in the validation split (--val-fraction {cfg.val_fraction}, --seed "
+        f"{cfg.seed}), none is left to test on; fix: another --seed, a smaller --val-fraction, or more problems"
+    )
+
+
+def pool_paths(cfg) -> list[str]:
+    """--pools as a list. Results are keyed by each file's stem (the benchmark's name), so
+    two pools with one stem would keep one benchmark's results: refused, naming both."""
+    from ..errors import BetaPRMInputError
+
+    paths, seen = [p.strip() for p in cfg.pools.split(",") if p.strip()], {}
+    for p in paths:
+        stem = Path(p).stem
+        if stem in seen:
+            raise BetaPRMInputError(
+                f"--pools: {seen[stem]} and {p} are both benchmark {stem!r} (results are named by the file name); "
+                "fix: rename one of them, or give a pool once"
+            )
+        seen[stem] = p
+    return paths
+
+
+def plot_path(cfg, pool: str) -> Path:
+    return Path(cfg.plots) / f"best_of_n_{Path(pool).stem}.png"
 
 
 def _load(cfg):

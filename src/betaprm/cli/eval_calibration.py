@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import opt as _f
-from ._scoring import ScoringOptions, write_evaluation
+from ._scoring import ScoringOptions, check_eval_outputs, write_evaluation
 
 HELP = "does the PRM's belief predict held-out Monte Carlo counts? (NLL, ECE, Brier, interval coverage, plots)"
 DESCRIPTION = """Calibration on held-out count records (K of N per step, the training format).
@@ -59,6 +59,7 @@ def run(args):
     from ._config import config_from_args
 
     cfg = config_from_args(EvalCalibrationConfig, args)
+    check_eval_outputs(cfg, ("reliability.png", "sigma_error.png"))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
     loaded = read_records(cfg.data, kind="counts", marker=prm.config.marker, flag="--data")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..options import opt as _f
-from ._scoring import ScoringOptions, write_evaluation
+from ._scoring import ScoringOptions, check_eval_outputs, write_evaluation
 
 HELP = "step-level error detection: VisualProcessBench, ProcessBench, PRMBench (F1, in each benchmark's own layout)"
 DESCRIPTION = """Step-level error detection on three benchmarks' formats (--format, detected by default).
@@ -137,6 +137,7 @@ def run(args):
     from ._config import config_from_args
 
     cfg = config_from_args(EvalStepsConfig, args)
+    check_eval_outputs(cfg, ("reliability.png", "f1_threshold.png"))
     fmt = detect_format(cfg.data) if cfg.format == "auto" else cfg.format
     threshold = cfg.threshold if cfg.threshold != "auto" else ("val" if fmt == "visualprocessbench" else "0.5")
     # Refused before any scoring: a long benchmark run would otherwise end in this error.
@@ -220,7 +221,8 @@ def _processbench(cfg, items, step_scores, threshold) -> dict:
         f"{res['n_items']} items"
         + (
             f"; --truncate steps cut {cut} of them to the model's positions, and {undecided} of those have no flagged "
-            "step among the scored ones (predicted -1 from the scored steps alone)"
+            "step among the scored ones (predicted -1 from the scored steps alone): not comparable with the official "
+            "protocol, which scores every step"
             if cut
             else ""
         )

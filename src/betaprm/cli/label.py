@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..generation.factory import RUNTIME_SETTINGS, BackendOptions
 from ..options import opt as _f
+from ..provenance import OutputOptions
 
 HELP = "make Monte Carlo counts (K of N per step) for traces of any domain with reference answers"
 DESCRIPTION = """Label reasoning traces with Monte Carlo counts, so BetaPRM can be trained where
@@ -27,7 +28,7 @@ OUT.lock keeps a second process out of --out.
 
 
 @dataclass
-class LabelConfig(BackendOptions):
+class LabelConfig(BackendOptions, OutputOptions):
     input: str | None = _f(None, "JSONL traces to label (id, question, answer, steps or candidates)")
     out: str = _f("", "JSONL training records (appended; a rerun resumes)")
     failed: str | None = _f(None, "where traces whose answer checks all failed go (default: OUT.failed.jsonl)")
@@ -84,24 +85,36 @@ def result_settings(cfg) -> dict:
 
 
 def run(args):
-    from ..provenance import open_output
+    from ..provenance import check_paths, open_output
     from ._config import config_from_args
 
     cfg = config_from_args(LabelConfig, args)
+    check_paths(
+        [("--input", cfg.input), ("--policy", cfg.policy), ("--world-config", cfg.world_config)],
+        [("--out", cfg.out), ("--failed", failed_path(cfg))],
+    )
     # Checked (and locked) before the policy loads: a wrong resume stops at once.
     with open_output(
-        cfg.out, result_settings(cfg), {"policy": cfg.policy, "input": cfg.input, "world_config": cfg.world_config}
+        cfg.out,
+        result_settings(cfg),
+        {"policy": cfg.policy, "input": cfg.input, "world_config": cfg.world_config},
+        adopt=cfg.adopt_output,
     ):
         return _run(cfg)
 
 
-def _run(cfg):
+def failed_path(cfg) -> str:
     from pathlib import Path
+
+    return cfg.failed or str(Path(cfg.out).with_suffix("")) + ".failed.jsonl"
+
+
+def _run(cfg):
 
     from ..generation.factory import build_generator
     from ..label import LabelItem, label_traces, read_traces
 
-    failed = cfg.failed or str(Path(cfg.out).with_suffix("")) + ".failed.jsonl"
+    failed = failed_path(cfg)
     if cfg.backend == "synth":
         from ..synth import SynthPolicy, World, WorldConfig, synth_answer
 

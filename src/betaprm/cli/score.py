@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from ..options import opt
+from ..provenance import OutputOptions
 from ._scoring import ScoringOptions
 
 HELP = "add mu, kappa and sigma per step to every candidate of a pool file (resumable)"
@@ -13,10 +14,12 @@ Output: the same records, each candidate with mu, kappa and sigma lists (one val
 step), appended to --output. Records whose id is already in --output are skipped, so
 rerunning an interrupted command continues where it stopped; nothing is duplicated.
 OUTPUT.meta.json records what made the records (the model's fingerprint); a rerun with
-another model stops and says so. OUTPUT.lock keeps a second process from writing the
-same --output. A candidate longer than the model's positions stops the run (--truncate
-error) or is scored on the whole steps that fit and carries "steps_scored" (--truncate
-steps); a rerun with --truncate steps continues the same output."""
+another model stops and says so; records without it are refused unless --adopt-output
+takes them as this run's. OUTPUT.lock keeps a second process from writing the same
+--output. --output and --rejects must not be the input or each other. A candidate
+longer than the model's positions stops the run (--truncate error) or is scored on the
+whole steps that fit and carries "steps_scored" (--truncate steps); a rerun with
+--truncate steps continues the same output."""
 
 # Options that do not change a record (batching, device, paths): left out of the settings
 # a resumed --output must match. The model enters as its fingerprint, not its path.
@@ -38,7 +41,7 @@ NOT_RESULTS = {
 
 
 @dataclass
-class ScoreConfig(ScoringOptions):
+class ScoreConfig(ScoringOptions, OutputOptions):
     model: str = opt(
         "",
         "a BetaPRM (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
@@ -70,19 +73,23 @@ def add_arguments(parser):
 
 
 def run(args):
-    from pathlib import Path
-
     import torch
 
     from ..hub import resolve_model
     from ..model import BetaPRM, model_kind
-    from ..provenance import model_fingerprint, open_output, settings_of
+    from ..provenance import check_paths, model_fingerprint, open_output, rejects_path, settings_of
     from ..scoring import score_pool_file
     from ._config import config_from_args
 
     cfg = config_from_args(ScoreConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    rejects = cfg.rejects or str(Path(cfg.output).with_suffix("")) + ".rejects.jsonl"
+    rejects = cfg.rejects or rejects_path(cfg.output)
+    # Before the model loads: an output that is the input (or the rejects file) would be
+    # cut, appended to or replaced by this run.
+    check_paths(
+        [("--input", cfg.input), ("--model", cfg.model)],
+        [("--output", cfg.output), ("--rejects", rejects if cfg.on_error == "skip" else None)],
+    )
     source = resolve_model(cfg.model)
     kind = model_kind(source)
     if kind == "zero-shot":  # refused before any output is opened
@@ -93,7 +100,7 @@ def run(args):
         info["model_revision"] = source.revision
     print(f"{cfg.model} ({kind})")
     # Checked (and locked) before the model loads: a wrong resume stops at once.
-    with open_output(cfg.output, settings, info, flag="--output"):
+    with open_output(cfg.output, settings, info, flag="--output", adopt=cfg.adopt_output):
         prm = BetaPRM.from_pretrained(source.path, trust_remote_code=cfg.trust_remote_code, device=device)
         s = score_pool_file(
             prm,

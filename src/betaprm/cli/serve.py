@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from ..options import opt as _f
@@ -25,7 +26,10 @@ GET  /health, GET /v1/models
 
 Requests arriving together are scored together (up to --max-batch-tokens, waiting at most
 --max-wait-ms for more), with the same scores as `betaprm score`. Listens on 127.0.0.1 unless
---host says otherwise; --api-key-env NAME requires 'Authorization: Bearer KEY'.
+--host says otherwise; --api-key-env NAME requires 'Authorization: Bearer KEY' on every route.
+Only Host headers naming the loopback address with the port are answered (a web page cannot
+reach the server through DNS rebinding); on 0.0.0.0 or behind a reverse proxy, list the host
+names clients use with --allowed-hosts. POST bodies must be 'Content-Type: application/json'.
 
   curl -s localhost:8000/v1/score -H 'content-type: application/json' \\
        -d '{"question": "what is 3 + 4?", "steps": ["3 + 4 = 7", "The answer is 7"]}'"""
@@ -39,13 +43,25 @@ class ServeConfig:
         "OWNER/NAME[@REVISION]",
     )
     host: str = _f(
-        "127.0.0.1", "address to listen on (0.0.0.0 exposes the server to the network: set --api-key-env then)"
+        "127.0.0.1",
+        "address to listen on (0.0.0.0 exposes the server to the network: set --api-key-env and --allowed-hosts then)",
     )
     port: int = _f(8000, "port to listen on")
+    allowed_hosts: str | None = _f(
+        None,
+        "comma-separated Host header values the server answers ('name' on any port, 'name:port' on that one; '*' "
+        "any): needed with --host 0.0.0.0 and behind a reverse proxy; default the loopback names with --port "
+        "(127.0.0.1, localhost, [::1]), or the --host address with --port",
+    )
+    served_model_name: str | None = _f(
+        None, "the model's name in /v1/models; default the folder's base name, or the hub name as given"
+    )
     device: str = _f("auto", "auto (cuda when present), cpu, cuda, ...")
     max_batch_tokens: int = _f(16384, "tokens per scoring batch (requests arriving together are scored together)")
     max_wait_ms: float = _f(5.0, "how long the first queued trace waits for others to join its batch")
     max_items: int = _f(256, "traces per request at most (413 above)")
+    max_request_bytes: int = _f(16 * 2**20, "request body size at most, in bytes (413 above)")
+    max_image_pixels: int = _f(4096 * 4096, "pixels per image at most (vision-language models; 400 above)")
     lam: float = _f(0.5, "lambda of S_lin and S_RB (a request may give its own 'lam')")
     tau: float | None = _f(
         None, "S_RB's sigma threshold (a request may give its own 'tau'); without it S_RB is not computed"
@@ -71,14 +87,26 @@ class ServeConfig:
         from ..errors import BetaPRMInputError
         from ..generation.factory import api_key_problems
         from ..selection import METHODS
+        from ..serve_requests import MAX_LAM
 
         bad = []
         if not self.model:
             bad.append("--model is required")
         if not 0 < self.port < 65536:
             bad.append(f"--port must be in 1..65535, got {self.port}")
-        if self.max_batch_tokens < 1 or self.max_items < 1:
-            bad.append("--max-batch-tokens and --max-items must be >= 1")
+        if min(self.max_batch_tokens, self.max_items, self.max_request_bytes, self.max_image_pixels) < 1:
+            bad.append("--max-batch-tokens, --max-items, --max-request-bytes and --max-image-pixels must be >= 1")
+        if not (math.isfinite(self.lam) and abs(self.lam) <= MAX_LAM):
+            bad.append(f"--lam must be a number in [-{MAX_LAM:g}, {MAX_LAM:g}], got {self.lam}")
+        if self.tau is not None and not (math.isfinite(self.tau) and self.tau >= 0):
+            bad.append(f"--tau must be a number >= 0 (a sigma threshold), got {self.tau}")
+        if self.allowed_hosts is not None and not self.hosts():
+            bad.append("--allowed-hosts must name at least one host (or '*' for any)")
+        elif self.allowed_hosts is None and self.host in WILDCARDS:
+            bad.append(
+                f"--host {self.host or repr('')} answers on every address, so the Host names clients use are "
+                "unknown: list them with --allowed-hosts (e.g. 'rm-node:5000,10.0.0.5:5000'), or '*' to answer any"
+            )
         if not (math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0):
             bad.append(f"--max-wait-ms must be a number >= 0, got {self.max_wait_ms}")
         if self.aggregate not in METHODS:
@@ -90,6 +118,27 @@ class ServeConfig:
         bad += api_key_problems(self.api_key_env)
         if bad:
             raise BetaPRMInputError("bad serve configuration: " + "; ".join(bad))
+
+    def hosts(self) -> tuple[str, ...]:
+        """The Host values the server answers (see --allowed-hosts)."""
+        if self.allowed_hosts is not None:
+            return tuple(h.strip() for h in self.allowed_hosts.split(",") if h.strip())
+        from ..serve_requests import LOOPBACK, default_allowed_hosts
+
+        if self.host in LOOPBACK:
+            return default_allowed_hosts(self.port)
+        return (f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}",)
+
+    def model_name(self) -> str:
+        """/v1/models' name: never a file path (it would tell clients the server's file layout)."""
+        if self.served_model_name:
+            return self.served_model_name
+        if os.path.exists(self.model):
+            return os.path.basename(os.path.abspath(self.model))
+        return self.model  # a hub name OWNER/NAME[@REVISION], as given
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def add_arguments(parser):
@@ -131,11 +180,15 @@ def run(args):
         aggregate=cfg.aggregate,
         step_separator=cfg.step_separator,
         api_key=read_api_key(cfg.api_key_env),
-        model_name=cfg.model,
+        model_name=cfg.model_name(),
         model_kind=kind,
         policy_tokenizer=policy,
         allow_no_prompts=cfg.allow_no_prompts,
         trust_remote_code=cfg.trust_remote_code,
+        allowed_hosts=cfg.hosts(),
+        port=cfg.port,
+        max_request_bytes=cfg.max_request_bytes,
+        max_image_pixels=cfg.max_image_pixels,
     )
     app = create_app(prm, settings)
     # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops.

@@ -15,7 +15,8 @@ NaN/Infinity, a number too long to read or nesting too deep is a problem of that
 never an exception. Every JSONL reader (``read_records``, ``read_objects``, the
 converters) goes through ``iter_jsonl``; whole JSON files through ``load_json_file``;
 parquet files, saved ``datasets`` folders and hub names through ``sources.iter_rows``,
-which yields rows the same way.
+which yields rows the same way. A JSONL line may be at most ``MAX_LINE_BYTES`` (64 MiB)
+long; a longer one is a problem of its line, read past without being held in memory.
 
 Over 400 lines because the format and its one strict reader belong together: every field
 rule is written once, next to the message that names its fix.
@@ -37,6 +38,9 @@ MAX_SHOWN = 30
 MAX_COUNT = 2**24
 """Largest N (and so K) a record may hold: float32, the training dtype, keeps every
 integer up to 2**24 exact; above it counts would be rounded (or overflow to inf)."""
+MAX_LINE_BYTES = 64 << 20
+"""Longest JSONL line read (64 MiB): reading a longer one would take several times its
+size in memory (a 200 MB line, about 1 GB); it is a problem of that line instead."""
 SCORE_FIELDS = ("mu", "kappa", "sigma")
 
 
@@ -554,12 +558,37 @@ def load_json_file(path, flag: str | None = None, what: str = "JSON") -> Any:
         raise BetaPRMInputError(f"{_name(path, flag)}{line}: {e.reason}; fix: {fix}") from None
 
 
+def _lines(f) -> Iterator[bytes | int]:
+    """The file's lines; one longer than ``MAX_LINE_BYTES`` comes as its length (an int),
+    read past in blocks, never held whole."""
+    while True:
+        data = f.readline(MAX_LINE_BYTES + 1)
+        if not data:
+            return
+        if len(data) <= MAX_LINE_BYTES or data.endswith(b"\n"):
+            yield data
+            continue
+        n = len(data)
+        while not data.endswith(b"\n"):
+            data = f.readline(1 << 20)
+            if not data:
+                break
+            n += len(data)
+        yield n
+
+
 def iter_jsonl(path, flag: str | None = None) -> Iterator[tuple[int, Any, Problem | None, str]]:
     """``(line number, parsed object or None, problem or None, raw text)`` for each
-    non-blank line, in one pass over the file. A line that is not UTF-8 or not JSON gives
-    a problem and its raw text (undecodable bytes replaced by U+FFFD), never an exception."""
+    non-blank line, in one pass over the file. A line that is not UTF-8 or not JSON, or
+    longer than ``MAX_LINE_BYTES``, gives a problem and its raw text (undecodable bytes
+    replaced by U+FFFD; a long line's first bytes), never an exception."""
     with open_input(path, flag) as f:
-        for i, data in enumerate(f, 1):
+        for i, data in enumerate(_lines(f), 1):
+            if isinstance(data, int):
+                reason = f"is {data:,} bytes long, over the {MAX_LINE_BYTES:,} a record may take"
+                fix = "split the record, or check that the file is JSONL (one record per line)"
+                yield i, None, Problem(i, "(line)", reason, fix), f"<{data} bytes, not kept>"
+                continue
             if i == 1 and data.startswith(b"\xef\xbb\xbf"):
                 data = data[3:]  # a UTF-8 byte order mark, as some editors write
             if not data.strip():

@@ -7,6 +7,8 @@ A source is named by one string, ``SPEC[:SPLIT]``: ``train.jsonl``, ``counts.par
 files (``gsm8k.json``, ``math.json``) has one split per file, named by the file's stem; JSON,
 JSONL and parquet files there are read as files are (line by line, each with its own fields). An existing path
 always wins over the ``:SPLIT`` reading, so a file whose name holds a colon still opens.
+A broken link or link loop, and a missing name that reads as a local path (``_looks_local``)
+and is no hub dataset in the local cache, are a missing file at once, never a hub lookup.
 A source with several splits and none named is an error listing them, unless the caller
 reads every split (``iter_splits``, as the ProcessBench evaluator does: its splits are
 its subsets).
@@ -19,6 +21,7 @@ absent from that row (a JSONL line would simply leave it out).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,12 +162,54 @@ def _file_rows(path: Path, flag: str | None) -> Iterator[Row]:
     return iter_jsonl(path, flag)
 
 
+def _in_hub_cache(name: str) -> bool:
+    """Whether a hub dataset ``name`` has been downloaded (``datasets``' cache or the hub's)."""
+    folders = []
+    try:
+        from datasets import config
+
+        folders.append(Path(config.HF_DATASETS_CACHE) / name.replace("/", "___"))
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub import constants
+
+        folders.append(Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}")
+    except ImportError:
+        pass
+    return any(f.is_dir() for f in folders)
+
+
+def _looks_local(name: str) -> bool:
+    """A name that reads as a relative path rather than OWNER/NAME: one word (a hub dataset
+    is named OWNER/NAME), or one whose first folder exists here (``data/cnts``)."""
+    return "/" not in name or Path(name.split("/", 1)[0]).is_dir()
+
+
+def _refuse_missing(spec: str, name: str, flag: str | None) -> None:
+    """A path that cannot be a hub name is a missing file at once: sending it to the hub
+    costs retries and ends in a message about the hub, not the path."""
+    where = f"{flag + ' ' if flag else ''}{spec}"
+    for path in {spec, name}:
+        if os.path.lexists(path) and not Path(path).exists():
+            raise BetaPRMInputError(
+                f"{where}: no such file ({path} is a symbolic link to a missing file, or a link loop); fix: the link, "
+                "or give the file itself"
+            )
+    if not Path(spec).exists() and not Path(name).exists() and _looks_local(name) and not _in_hub_cache(name):
+        raise BetaPRMInputError(
+            f"{where}: no such file or folder (nor a hub dataset of that name in the local cache); check the path "
+            "(a hub dataset is named OWNER/NAME[:SPLIT], e.g. Qwen/ProcessBench)"
+        )
+
+
 def iter_splits(spec, flag: str | None = None, all_splits: bool = True) -> list[tuple[str | None, Iterator[Row]]]:
     """``(split name or None, rows)`` for each split the source holds (a file: one, None).
     With ``all_splits`` False a source of several splits must name one."""
     spec = str(spec)
     p = Path(spec)
     name = _split_spec(spec)[0]
+    _refuse_missing(spec, name, flag)
     looks_like_path = (
         p.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or p.suffix in FILE_SUFFIXES
     )

@@ -48,6 +48,10 @@ class BonPool:
     scores: list[StepScores] | None
 
 
+class NoTestProblems(ValueError):
+    """Every problem fell in the validation split (too few problems for ``val_fraction``)."""
+
+
 def _split(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     val, test = [], []
     for i, p in enumerate(pools):
@@ -60,7 +64,7 @@ def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: in
     """Per-selector accuracy on the test part, hyperparameters tuned on the validation part."""
     val, test = _split(pools, val_fraction, seed)
     if not test:
-        raise ValueError("no test problems left after the validation split")
+        raise NoTestProblems("no test problems left after the validation split")
     scored = all(p.scores is not None for p in pools)
     tuned = {}
     if scored and val:

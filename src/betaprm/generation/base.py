@@ -54,6 +54,10 @@ class Completion:
 
 @runtime_checkable
 class Generator(Protocol):
+    """A backend may set ``takes_images`` (True only where requests with images can be
+    sent to its policy; absent means False): callers refuse problems with images before
+    generating otherwise."""
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         """One list of ``request.n`` completions per request, in order."""
         ...

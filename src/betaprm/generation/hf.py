@@ -21,6 +21,8 @@ class TransformersGenerator:
     long prompts make smaller batches instead of running out of memory.
     """
 
+    takes_images = False  # text prompts only: problems with images are refused before generation
+
     def __init__(
         self,
         model,

@@ -10,6 +10,11 @@ Each call is bounded as a whole: ``timeout`` covers connecting, sending and ever
 (a server that drips a byte at a time cannot stretch it), and an answer larger than
 ``max_response_bytes`` is refused. Redirects are never followed: the request, and the
 API key with it, would go to an address nobody gave.
+
+Images go out only through the chat endpoint (``takes_images``), each read and decoded as
+an image within the caps of ``betaprm.image_files`` before any request of the batch is
+sent. URLs in messages pass through ``redact_url``: a password in the base URL is never
+printed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import BetaPRMInputError
+from ..errors import BetaPRMInputError, redact_url
 from .base import Completion, GenerationError, GenerationRequest
 from .text import Sampling, TextFormat
 
@@ -37,13 +42,18 @@ class _TooLarge(Exception):
 
 
 def image_data_url(path: str) -> str:
-    """An image file as a ``data:`` URL (what OpenAI-compatible servers take in image_url)."""
+    """An image file as a ``data:`` URL (what OpenAI-compatible servers take in image_url),
+    once it has decoded as an image within the caps; the MIME type is the decoded format's,
+    never guessed from the name."""
     import base64
-    import mimetypes
 
-    mime = mimetypes.guess_type(path)[0] or "image/png"
-    with open(path, "rb") as f:
-        return f"data:{mime};base64,{base64.b64encode(f.read()).decode()}"
+    from ..image_files import ImageRefused, read_image
+
+    try:
+        mime, data = read_image(path)
+    except ImageRefused as e:
+        raise BetaPRMInputError(f"image not sent: {e}") from None
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 def _http_post(url: str, data: bytes, headers: dict, timeout: float, max_bytes: int) -> tuple[int, str | None, bytes]:
@@ -130,15 +140,16 @@ class OpenAIGenerator:
         if endpoint not in ("chat", "completions"):
             raise ValueError(f"endpoint must be chat or completions, got {endpoint!r}")
         u = urllib.parse.urlsplit(base_url)
+        shown = redact_url(base_url)
         try:
             _ = u.port  # raises on a port that is not a number in 0..65535
         except ValueError:
             raise BetaPRMInputError(
-                f"{url_flag} {base_url!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
+                f"{url_flag} {shown!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
             ) from None
         if u.scheme not in ("http", "https") or not u.hostname:
             raise BetaPRMInputError(
-                f"{url_flag} {base_url!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
+                f"{url_flag} {shown!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
             )
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise BetaPRMInputError(f"the request timeout must be a number of seconds > 0, got {timeout!r}")
@@ -157,8 +168,14 @@ class OpenAIGenerator:
         self.url_flag = url_flag
         self.model_flag = model_flag
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether requests with images may be sent: the chat endpoint carries them as
+        image_url parts; the completions endpoint takes text only."""
+        return self.endpoint == "chat"
+
     # ------------------------------------------------------------------ one call
-    def _body(self, req: GenerationRequest, copy: int) -> tuple[str, dict]:
+    def _body(self, req: GenerationRequest, copy: int, image_urls: dict | None = None) -> tuple[str, dict]:
         s = self.sampling
         body = {
             "model": self.model,
@@ -178,7 +195,8 @@ class OpenAIGenerator:
             if req.images:  # the user turn as text and image_url parts (data URLs: no file server needed)
                 user = next(m for m in msgs if m["role"] == "user")
                 user["content"] = [{"type": "text", "text": user["content"]}] + [
-                    {"type": "image_url", "image_url": {"url": image_data_url(p)}} for p in req.images
+                    {"type": "image_url", "image_url": {"url": (image_urls or {}).get(p) or image_data_url(p)}}
+                    for p in req.images
                 ]
             body["messages"] = msgs
             if prefilled:
@@ -187,13 +205,15 @@ class OpenAIGenerator:
             return "/chat/completions", body
         if req.images:
             raise BetaPRMInputError(
-                "problems with images need --endpoint chat (the completions endpoint takes text only)"
+                "problems with images need --endpoint chat (the completions endpoint takes text only); no image "
+                "was sent"
             )
         body["prompt"] = self.fmt.prompt_text(req.question, list(req.prefix), self.tokenizer)
         return "/completions", body
 
     def _post(self, path: str, body: dict) -> dict:
         url = self.base_url + path
+        shown = redact_url(url)  # what messages say: the request still goes to url
         data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
@@ -209,8 +229,8 @@ class OpenAIGenerator:
                 continue
             except _TooLarge:
                 raise GenerationError(
-                    f"{url} sent an answer larger than {self.max_response_bytes} bytes; a completion is far smaller, "
-                    "so this is not the server you meant"
+                    f"{shown} sent an answer larger than {self.max_response_bytes} bytes; a completion is far "
+                    "smaller, so this is not the server you meant"
                 ) from None
             except (ConnectionRefusedError, socket.gaierror) as e:
                 last = f"cannot connect ({e})"
@@ -220,9 +240,9 @@ class OpenAIGenerator:
                 continue
             if 300 <= status < 400:
                 raise BetaPRMInputError(
-                    f"{url} answered HTTP {status}, a redirect to {location!r}; redirects are not followed (the "
-                    "request and any API key would go "
-                    f"to another address): give the address you mean to reach as {self.url_flag}"
+                    f"{shown} answered HTTP {status}, a redirect to {redact_url(location or '')!r}; redirects are "
+                    "not followed (the request and any API key would go to another address): give the address "
+                    f"you mean to reach as {self.url_flag}"
                 )
             detail = raw[:300].decode(errors="replace")
             if status == 429 or status >= 500:
@@ -230,20 +250,20 @@ class OpenAIGenerator:
                 continue
             if status >= 400:
                 raise GenerationError(
-                    f"{url} refused the request with HTTP {status}: {detail} (check {self.model_flag} "
+                    f"{shown} refused the request with HTTP {status}: {detail} (check {self.model_flag} "
                     f"{self.model!r}, the served model name, and the sampling settings)"
                 )
             try:
                 return json.loads(raw)
             except ValueError:
-                raise GenerationError(f"{url} answered with something that is not JSON: {raw[:200]!r}") from None
+                raise GenerationError(f"{shown} answered with something that is not JSON: {raw[:200]!r}") from None
         raise GenerationError(
-            f"{url}: {last} after {self.max_retries + 1} attempts. Is the server running and serving {self.model!r}? "
-            f"(e.g. `vllm serve MODEL --port 8000`, then --base-url http://HOST:8000/v1)"
+            f"{shown}: {last} after {self.max_retries + 1} attempts. Is the server running and serving "
+            f"{self.model!r}? (e.g. `vllm serve MODEL --port 8000`, then --base-url http://HOST:8000/v1)"
         )
 
-    def _one(self, req: GenerationRequest, copy: int) -> Completion:
-        path, body = self._body(req, copy)
+    def _one(self, req: GenerationRequest, copy: int, image_urls: dict | None = None) -> Completion:
+        path, body = self._body(req, copy, image_urls)
         ans = self._post(path, body)
         try:
             choice = ans["choices"][0]
@@ -251,7 +271,7 @@ class OpenAIGenerator:
             n_tokens = int(ans["usage"]["completion_tokens"])
         except (KeyError, IndexError, TypeError, ValueError):
             raise GenerationError(
-                f"{self.base_url}{path} answered without "
+                f"{redact_url(self.base_url + path)} answered without "
                 f"choices[0].{'message.content' if self.endpoint == 'chat' else 'text'} "
                 f"or usage.completion_tokens: {json.dumps(ans)[:300]}"
             ) from None
@@ -270,11 +290,25 @@ class OpenAIGenerator:
         return Completion(steps, n_tokens, finished=finished)
 
     # ------------------------------------------------------------------ protocol
+    def _image_urls(self, requests: Sequence[GenerationRequest]) -> dict[str, str]:
+        """Every image of the batch as a data URL, checked before any request is sent: a
+        file that is not an image, or images on the completions endpoint, stop the batch
+        with nothing sent (requests run concurrently, so a check inside one would come
+        after others went out)."""
+        paths = list(dict.fromkeys(p for r in requests for p in r.images))
+        if paths and not self.takes_images:
+            raise BetaPRMInputError(
+                f"problems with images need --endpoint chat (the {self.endpoint} endpoint takes text only); no "
+                "request was sent"
+            )
+        return {p: image_data_url(p) for p in paths}
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         jobs = [(i, j) for i, r in enumerate(requests) for j in range(r.n)]
+        image_urls = self._image_urls(requests)
         pool = ThreadPoolExecutor(self.concurrency)
         try:
-            futures = [pool.submit(self._one, requests[i], j) for i, j in jobs]
+            futures = [pool.submit(self._one, requests[i], j, image_urls) for i, j in jobs]
             results = [f.result() for f in futures]
         finally:
             # On the first failure, calls not yet started are dropped instead of each

@@ -34,6 +34,8 @@ class VLLMGenerator:
     completions come from one ``SamplingParams(n=...)``. ``n_tokens`` is the length of
     each output's ``token_ids``."""
 
+    takes_images = False  # text prompts only: problems with images are refused before generation
+
     def __init__(
         self,
         model: str,

@@ -1,0 +1,230 @@
+"""What the reward server checks of a request before anything reaches the model: the
+``Host`` header, the key and the content type of every request (``Guard``, an ASGI
+wrapper), and the JSON body, its text, numbers and images (``parse_json``, ``parse_trace``,
+``image``). A refusal is a ``RequestError``: a 4xx status and a message for the client.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import re
+
+MAX_LAM = 100.0
+"""|lam| at most: S_lin and S_RB weigh sigma (at most 0.5) and a fraction against mu in [0, 1]."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+"""Pixels of one image at most, checked before it is decoded."""
+
+
+def default_allowed_hosts(port: int) -> tuple[str, ...]:
+    """The Host values a loopback server accepts: ``127.0.0.1``, ``localhost`` and
+    ``[::1]`` with the port (without it too on port 80, where clients leave it out)."""
+    names = ("127.0.0.1", "localhost", "[::1]")
+    return tuple(f"{n}:{port}" for n in names) + (names if port == 80 else ())
+
+
+class RequestError(Exception):
+    """A request the server refuses: ``status`` and a message for the client."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def trace_chars(trace: tuple) -> int:
+    return len(trace[0]) + sum(len(x) for x in trace[1])
+
+
+def request_size(item) -> int:
+    return len(item) if isinstance(item, list) else trace_chars(item)
+
+
+def text_field(obj: dict, key: str, where: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise RequestError(400, f"{where}: field {key!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def number_field(obj: dict, key: str, default, low: float, high: float, rule: str):
+    v = obj.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+        raise RequestError(400, f"field {key!r} must be a finite number {rule}, got {v!r}")
+    return float(v)
+
+
+# A \\uD800-\\uDFFF escape: the only way JSON text can carry a surrogate, which no tokenizer encodes.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(obj, where: str) -> str | None:
+    """Where in ``obj`` a string holds a lone surrogate (not UTF-8 encodable), or None."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        found = lone_surrogate(v, f"{where}[{k!r}]" if isinstance(k, str) else f"{where}[{k}]")
+        if found:
+            return found
+    return None
+
+
+def parse_json(raw: bytes):
+    try:
+        body = json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
+    except (ValueError, RecursionError) as e:
+        raise RequestError(400, f"the body is not valid JSON: {e}") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        where = lone_surrogate(body, "body")
+        if where:
+            raise RequestError(
+                400, f"{where} holds a lone surrogate escape (\\ud800-\\udfff without its pair): not text; remove it"
+            )
+    return body
+
+
+MAX_IMAGES = 16
+"""Images per trace at most."""
+
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def image_from_url(url, where: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+    """A ``data:image/...;base64,`` URL as a PIL image (the server reads no files or URLs).
+    Its size is read from the header and checked before the pixels are decoded: a few KB
+    of PNG can hold hundreds of MB of pixels."""
+    import base64
+    import binascii
+    import io
+    import warnings
+
+    from PIL import Image
+
+    if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
+        raise RequestError(400, f"{where}: an image must be a data URL, 'data:image/png;base64,...'")
+    try:
+        raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+        with warnings.catch_warnings():
+            # PIL only warns between MAX_IMAGE_PIXELS and twice that: a bomb is an error here.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as im:
+                w, h = im.size
+                if w * h > max_pixels:
+                    raise RequestError(
+                        400,
+                        f"{where}: a {w}x{h} image ({w * h} pixels) is over the server's {max_pixels} pixels per "
+                        "image; send a smaller one",
+                    )
+                return im.convert("RGB")
+    except RequestError:
+        raise
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise RequestError(
+            400, f"{where}: an image too large to decode ({e}); send one of at most {max_pixels} pixels"
+        ) from None
+    except (binascii.Error, ValueError, OSError, EOFError, SyntaxError, MemoryError) as e:
+        # PIL's messages can hold an object's repr ("<_io.BytesIO object at 0x7f...>"): not for clients.
+        why = _ADDRESS.sub("the data", str(e)) or type(e).__name__
+        raise RequestError(400, f"{where}: not a readable image ({why})") from None
+
+
+def parse_trace(obj, where: str, vision: bool = False, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple:
+    if not isinstance(obj, dict):
+        raise RequestError(400, f"{where}: must be an object with 'question' and 'steps'")
+    question = text_field(obj, "question", where)
+    steps = obj.get("steps")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s.strip() for s in steps):
+        raise RequestError(400, f"{where}: field 'steps' must be a non-empty list of non-empty strings")
+    images = obj.get("images")
+    if not images:
+        return question, steps
+    if not vision:
+        raise RequestError(400, f"{where}: this server's BetaPRM is text-only; leave out 'images'")
+    if not isinstance(images, list) or len(images) > MAX_IMAGES:
+        raise RequestError(400, f"{where}: field 'images' must be a list of at most {MAX_IMAGES} data URLs")
+    return question, steps, [image_from_url(u, f"{where}.images[{i}]", max_pixels) for i, u in enumerate(images)]
+
+
+def split_host(host: str) -> tuple[str, str | None]:
+    """``(name, port or None)`` of a Host value: ``"[::1]:8000"`` -> ``("[::1]", "8000")``."""
+    host = host.strip().lower()
+    if host.rfind(":") > host.rfind("]") and (host.startswith("[") or host.count(":") == 1):
+        name, port = host.rsplit(":", 1)
+        return name, port
+    return host, None
+
+
+def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """An entry with a port accepts that host and port; one without, the host on any port."""
+    if "*" in allowed:
+        return True
+    name, port = split_host(host)
+    for a in allowed:
+        a_name, a_port = split_host(a)
+        if a_name == name and (a_port is None or a_port == port):
+            return True
+    return False
+
+
+class Guard:
+    """ASGI middleware run before every route (404s, FastAPI's own pages included): the
+    Host header (400), the key (401) and a POST's content type (415)."""
+
+    def __init__(self, app, settings):
+        self.app = app
+        self.key = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
+        hosts = settings.allowed_hosts or default_allowed_hosts(settings.port)
+        self.allowed = tuple(h.strip().lower() for h in hosts if h.strip())
+
+    def problem(self, scope) -> tuple[int, str] | None:
+        headers: dict[bytes, list[bytes]] = {}
+        for k, v in scope.get("headers", ()):
+            headers.setdefault(k.lower(), []).append(v)
+        hosts = headers.get(b"host", [])
+        host = hosts[0].decode("latin-1") if len(hosts) == 1 else None
+        if host is None or not host_allowed(host, self.allowed):
+            shown = "no Host header" if not hosts else f"Host {', '.join(h.decode('latin-1')[:100] for h in hosts)!r}"
+            return 400, (
+                f"{shown} is not one this server answers to ({', '.join(self.allowed)}); start it with "
+                "--allowed-hosts naming the host clients use (e.g. behind a reverse proxy), or '*' for any"
+            )
+        if self.key is not None:
+            got = (headers.get(b"authorization") or [b""])[0]
+            if not hmac.compare_digest(got, self.key):
+                return 401, "missing or wrong API key: send 'Authorization: Bearer KEY'"
+        if scope.get("method") == "POST":
+            ctype = (headers.get(b"content-type") or [b""])[0].decode("latin-1")
+            if ctype.split(";", 1)[0].strip().lower() != "application/json":
+                return 415, (
+                    f"Content-Type {ctype[:100]!r} is not accepted: send the JSON body with "
+                    "'Content-Type: application/json'"
+                )
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refused = self.problem(scope)
+            if refused is not None:
+                from fastapi.responses import JSONResponse
+
+                await JSONResponse({"error": refused[1]}, status_code=refused[0])(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def longest_token_chars(tokenizer) -> int:
+    """Characters of the tokenizer's longest vocabulary entry: no token stands for more
+    text (a byte-level entry has one character per byte, a SentencePiece one per character
+    or more), so a trace with more characters than this times the positions cannot fit."""
+    try:
+        return max(len(t) for t in tokenizer.get_vocab())
+    except Exception:  # a tokenizer without a readable vocabulary: a bound no real one exceeds
+        return 256
