@@ -161,3 +161,15 @@ def test_data_fingerprints_follow_contents_and_a_file_has_no_splits(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(BetaPRMInputError, match=r"c.jsonl is a file, which has no splits; drop ':train'"):
         read_records(f"{tmp_path / 'c.jsonl'}:train")
+
+
+def test_a_folder_with_two_files_of_one_stem_is_refused(tmp_path):
+    """x.json and x.jsonl would both be split 'x': refused, naming both (the earlier code
+    read one of them and dropped the other silently)."""
+    from betaprm.data.sources import iter_splits
+    from betaprm.errors import BetaPRMInputError
+
+    (tmp_path / "x.json").write_text('[{"a": 1}]')
+    (tmp_path / "x.jsonl").write_text('{"a": 2}\n')
+    with pytest.raises(BetaPRMInputError, match=r"x.json and x.jsonl would both be split 'x'"):
+        iter_splits(tmp_path)

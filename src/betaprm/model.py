@@ -433,8 +433,7 @@ class BetaPRM(nn.Module):
         source = resolve_model(name_or_path, revision, flag="from_pretrained")
         path = source.path
         cfg_file = path / CONFIG_NAME
-        if not cfg_file.is_file():
-            raise BetaPRMInputError(f"{_where(source)} is not a BetaPRM: {_not_a_betaprm(path)}")
+        require_betaprm(source)
         raw = _config_json(cfg_file)
         known = set(BetaPRMConfig.__dataclass_fields__)
         unknown = sorted(set(raw) - known)
@@ -570,6 +569,12 @@ def _config_json(cfg_file: Path) -> dict:
             "with save_pretrained, or re-train"
         )
     return raw
+
+
+def require_betaprm(source: ModelSource) -> None:
+    """Stop unless ``source`` holds a BetaPRM (``betaprm_config.json``), saying what it is."""
+    if not (source.path / CONFIG_NAME).is_file():
+        raise BetaPRMInputError(f"{_where(source)} is not a BetaPRM: {_not_a_betaprm(source.path)}")
 
 
 def _where(source: ModelSource) -> str:

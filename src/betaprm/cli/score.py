@@ -76,7 +76,7 @@ def run(args):
     import torch
 
     from ..hub import resolve_model
-    from ..model import BetaPRM, model_kind
+    from ..model import BetaPRM, model_kind, require_betaprm
     from ..provenance import check_paths, model_fingerprint, open_output, rejects_path, settings_of
     from ..scoring import score_pool_file
     from ._config import config_from_args
@@ -93,7 +93,7 @@ def run(args):
     source = resolve_model(cfg.model)
     kind = model_kind(source)
     if kind == "zero-shot":  # refused before any output is opened
-        BetaPRM.from_pretrained(source.path)  # raises the "not a BetaPRM" error, naming the fix
+        require_betaprm(source)
     settings = {"model": model_fingerprint(source.path), **settings_of(cfg, NOT_RESULTS)}
     info = {"model": cfg.model, "model_kind": kind, "input": cfg.input}
     if source.is_hub:

@@ -250,7 +250,15 @@ def _own_files(folder: Path) -> dict[str, Path]:
         return {}
     if len({f.suffix == ".parquet" for f in files}) > 1:
         return {}  # several kinds: _open_dataset names them
-    return {f.stem: f for f in files}
+    by_stem: dict[str, Path] = {}
+    for f in files:
+        if f.stem in by_stem:  # x.json and x.jsonl: one split name for two files
+            raise BetaPRMInputError(
+                f"{folder}: {by_stem[f.stem].name} and {f.name} would both be split {f.stem!r}; keep one, or name a "
+                "file"
+            )
+        by_stem[f.stem] = f
+    return by_stem
 
 
 def iter_rows(spec, flag: str | None = None) -> Iterator[Row]:
