@@ -293,40 +293,12 @@ def main(argv=None):
     offline_s = time.perf_counter() - t0
     offline = score_traces(prm, traces)  # the reference each answer is checked against
 
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "betaprm",
-            "serve",
-            "--model",
-            os.path.join(tmp, "prm"),
-            "--port",
-            str(port),
-            "--device",
-            "cpu",
-            "--max-wait-ms",
-            str(args.max_wait_ms),
-        ]
-        + ["--max-batch-tokens", str(args.max_batch_tokens)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
+    server, port = start_server(
+        os.path.join(tmp, "prm"),
+        args.threads,
+        extra=["--max-wait-ms", str(args.max_wait_ms), "--max-batch-tokens", str(args.max_batch_tokens)],
     )
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.2)
         # Warm the server up the same way, then count only the load's batches.
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         c.request(

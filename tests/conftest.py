@@ -92,3 +92,22 @@ def random_steps(rng: random.Random, n: int) -> list[str]:
         "{braces} {question}",
     ]
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 4))) for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def prms(tmp_path_factory):
+    """Two BetaPRMs on one backbone whose kappa heads differ: same architecture and file
+    sizes, other scores."""
+    from betaprm import BetaPRM
+
+    from .helpers import make_lm_dir  # helpers imports this module: imported here, when the fixture runs
+
+    d = tmp_path_factory.mktemp("prms")
+    lm = make_lm_dir(d / "lm")
+    for name, seed in (("a", 0), ("b", 1)):
+        prm = BetaPRM.from_backbone(str(lm))
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            prm.kappa_head.weight.normal_(0, 0.3)
+        prm.save_pretrained(d / name)
+    return d / "a", d / "b"

@@ -9,30 +9,12 @@ import shutil
 import zlib
 
 import pytest
-import torch
 
-from betaprm import BetaPRM
 from betaprm.cli import main
 from betaprm.data import records
 from betaprm.data.records import read_records
 from betaprm.errors import BetaPRMInputError
 from betaprm.train import TrainConfig
-
-from .helpers import make_lm_dir
-
-
-@pytest.fixture(scope="module")
-def prms(tmp_path_factory):
-    """Two BetaPRMs on one backbone with other kappa heads (other fingerprints)."""
-    d = tmp_path_factory.mktemp("prms")
-    lm = make_lm_dir(d / "lm")
-    for name, seed in (("a", 0), ("b", 1)):
-        prm = BetaPRM.from_backbone(str(lm))
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            prm.kappa_head.weight.normal_(0, 0.3)
-        prm.save_pretrained(d / name)
-    return d / "a", d / "b"
 
 
 def pool(i):

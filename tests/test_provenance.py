@@ -11,30 +11,13 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from betaprm import BetaPRM
 from betaprm.cli import main
 from betaprm.errors import BetaPRMInputError
 from betaprm.provenance import finite_or_null, json_line, model_fingerprint
 from betaprm.train import TrainConfig
 
 from .helpers import make_counts, make_lm_dir
-
-
-@pytest.fixture(scope="module")
-def prms(tmp_path_factory):
-    """Two BetaPRMs on one backbone whose kappa heads differ: same architecture and file
-    sizes, other scores."""
-    d = tmp_path_factory.mktemp("prms")
-    lm = make_lm_dir(d / "lm")
-    for name, seed in (("a", 0), ("b", 1)):
-        prm = BetaPRM.from_backbone(str(lm))
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            prm.kappa_head.weight.normal_(0, 0.3)
-        prm.save_pretrained(d / name)
-    return d / "a", d / "b"
 
 
 def write_pools(path, n, seed=0):
