@@ -15,6 +15,7 @@ came from (file, line, field).
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 MAX_IMAGE_BYTES = 20 * 2**20
@@ -27,8 +28,16 @@ FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 """What OpenAI-compatible servers take; other formats (EPS runs Ghostscript) are not opened."""
 
 
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
 class ImageRefused(ValueError):
-    """An image path or file that may not be used: ``str(e)`` says why and the fix."""
+    """An image path or file that may not be used: ``str(e)`` says why and the fix
+    (``decode_image``'s: what Pillow found, with ``reason`` and ``size``)."""
+
+    def __init__(self, message: str, reason: str = "", size: tuple[int, int] | None = None):
+        super().__init__(message)
+        self.reason, self.size = reason, size
 
 
 def resolve_image(path: str, root) -> str:
@@ -49,11 +58,36 @@ def resolve_image(path: str, root) -> str:
     return str(real)
 
 
+def decode_image(data: bytes, max_pixels: int, formats=FORMATS):
+    """``data`` decoded with Pillow (pixels loaded), as one of ``formats`` (None: any Pillow
+    reads). Its size is read from the header and checked against ``max_pixels`` before the
+    pixels are decoded (a few KB of PNG can hold hundreds of MB), and the decompression-bomb
+    warning counts as a refusal. Raises ``ImageRefused`` with ``reason`` ``pixels`` (and
+    ``size``), ``bomb`` or ``unreadable``, for the caller to word; its detail never carries an
+    object's repr (Pillow's can hold a memory address)."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data), formats=formats)
+            if im.size[0] * im.size[1] > max_pixels:
+                raise ImageRefused("too many pixels", reason="pixels", size=im.size)
+            im.load()  # decodes the pixels: a truncated or corrupt image fails here, not later
+            return im
+    except ImageRefused:
+        raise
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise ImageRefused(str(e), reason="bomb") from None
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as e:  # Pillow's decoders raise these on bad data
+        raise ImageRefused(_ADDRESS.sub("the data", str(e)) or type(e).__name__, reason="unreadable") from None
+
+
 def read_image(path: str) -> tuple[str, bytes]:
     """(MIME type, bytes) of an image file, after decoding it whole with Pillow: the bytes
     returned are the bytes checked, so what is sent is what was checked."""
-    import warnings
-
     from PIL import Image
 
     try:
@@ -66,22 +100,15 @@ def read_image(path: str) -> tuple[str, bytes]:
             f"{path!r} is larger than {MAX_IMAGE_BYTES} bytes; fix: scale the image down or re-encode it"
         )
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=FORMATS) as im:
-                w, h = im.size
-                if w * h > MAX_IMAGE_PIXELS:
-                    raise ImageRefused(
-                        f"{path!r} is {w} x {h} pixels, over the cap of {MAX_IMAGE_PIXELS}; fix: scale the image down"
-                    )
-                fmt = im.format
-                im.load()  # decodes the pixels: a truncated or corrupt file fails here, not at the server
-    except ImageRefused:
-        raise
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
-        raise ImageRefused(f"{path!r} is a decompression bomb ({e}); fix: give an ordinary image") from None
-    except (OSError, ValueError, SyntaxError) as e:  # Pillow's decoders raise all three on bad data
-        raise ImageRefused(
-            f"{path!r} is not an image Pillow can decode as {', '.join(FORMATS)} ({e}); fix: give an image file"
-        ) from None
-    return Image.MIME[fmt], data
+        im = decode_image(data, MAX_IMAGE_PIXELS)
+    except ImageRefused as e:
+        if e.reason == "pixels":
+            w, h = e.size
+            msg = f"{path!r} is {w} x {h} pixels, over the cap of {MAX_IMAGE_PIXELS}; fix: scale the image down"
+        elif e.reason == "bomb":
+            msg = f"{path!r} is a decompression bomb ({e}); fix: give an ordinary image"
+        else:
+            msg = f"{path!r} is not an image Pillow can decode as {', '.join(FORMATS)} ({e}); fix: give an image file"
+        raise ImageRefused(msg) from None
+    with im:
+        return Image.MIME[im.format], data

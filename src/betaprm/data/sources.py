@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
+from ..hub import looks_local
 from .records import Problem, iter_jsonl, load_json_file, open_input
 
 Row = tuple[int, Any, "Problem | None", "str | None"]
@@ -181,9 +182,10 @@ def _in_hub_cache(name: str) -> bool:
 
 
 def _looks_local(name: str) -> bool:
-    """A name that reads as a relative path rather than OWNER/NAME: one word (a hub dataset
-    is named OWNER/NAME), or one whose first folder exists here (``data/cnts``)."""
-    return "/" not in name or Path(name.split("/", 1)[0]).is_dir()
+    """A name that reads as a path rather than OWNER/NAME: one word (a hub dataset is named
+    OWNER/NAME), or what ``hub.looks_local`` takes for a path (``data/cnts`` with ``data/``
+    here)."""
+    return "/" not in name or looks_local(name)
 
 
 def _refuse_missing(spec: str, name: str, flag: str | None) -> None:
