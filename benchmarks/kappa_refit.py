@@ -27,7 +27,7 @@ def marker_features(prm, token_ids, batch_size=64):
     """Per trace, in order: (hidden state at each marker (M, H), mu (M,))."""
     import torch
 
-    from betaprm.scoring import _pad_id, pad_batch
+    from betaprm.batching import pad_batch, pad_id
 
     grabbed = []
     hook = prm.kappa_head.register_forward_hook(lambda mod, inp, out: grabbed.append(inp[0].detach()))
@@ -35,7 +35,7 @@ def marker_features(prm, token_ids, batch_size=64):
     prm.eval()
     try:
         for i in range(0, len(token_ids), batch_size):
-            ids, mask = pad_batch(token_ids[i : i + batch_size], _pad_id(prm.tokenizer))
+            ids, mask = pad_batch(token_ids[i : i + batch_size], pad_id(prm.tokenizer))
             grabbed.clear()
             with torch.no_grad():
                 out = prm(ids, attention_mask=mask)

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from betaprm import BetaPRM
+from betaprm.batching import length_batches, pad_batch, pad_id
 from betaprm.formatting import encode_traces, format_trace
-from betaprm.scoring import _pad_id, length_batches, pad_batch
 from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
 
 WORDS = "so then we add multiply the result is carry remainder therefore answer value step".split()
@@ -106,7 +106,7 @@ def main():
     for q, cands in pools:
         ids = encode_traces(prm.tokenizer, prm.config.marker_id, [(q, c) for c in cands])
         for b in length_batches([len(i) for i in ids], args.batch_size):
-            x, m = pad_batch([ids[i] for i in b], _pad_id(tok))
+            x, m = pad_batch([ids[i] for i in b], pad_id(tok))
             batches.append((x.to(dev), m.to(dev)))
     n_tokens = sum(int(m.sum()) for _, m in batches)
 

@@ -38,8 +38,8 @@ from betaprm import BetaPRM
 from betaprm.evaluation.steps import read_visualprocessbench
 from betaprm.formatting import encode_traces
 from betaprm.model import CONFIG_NAME
-from betaprm._batching import split_by_trace
-from betaprm.scoring import _pad_id, fit_traces, length_batches, pad_batch, score_token_ids
+from betaprm.batching import length_batches, pad_batch, pad_id, split_by_trace
+from betaprm.scoring import fit_traces, score_token_ids
 from pathlib import Path
 
 mode, model, traces, budget, fixed, threads, n, out = sys.argv[1:9]
@@ -63,7 +63,7 @@ else:
     ctx = torch.inference_mode() if mode == "fixed" else torch.enable_grad()
     with ctx:
         for batch in length_batches([len(t) for t in ids], int(fixed)):
-            x, m = pad_batch([ids[i] for i in batch], _pad_id(prm.tokenizer))
+            x, m = pad_batch([ids[i] for i in batch], pad_id(prm.tokenizer))
             o = prm(x, attention_mask=m)
             for i, s in zip(batch, split_by_trace(o, len(batch))):
                 res[i] = s

@@ -42,8 +42,8 @@ def backbone_surprise(backbone, tokenizer, pools, marker_repeat=1):
     (the token after " ="), NaN for steps without one (the answer step)."""
     import torch
 
+    from betaprm.batching import pad_batch
     from betaprm.formatting import TraceFormat, encode_traces
-    from betaprm.scoring import pad_batch
 
     marker = tokenizer.convert_tokens_to_ids("<prm>")
     vocab = tokenizer.get_vocab()

@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from betaprm.data import dataset
-from betaprm.train import TrainConfig, end_process_group, train
+from betaprm.train import TrainConfig, dataset, end_process_group, train
 
 
 def main():
@@ -35,7 +34,7 @@ def main():
         use_cpu=True,
         ddp_backend="gloo",
         seed=1,
-        max_tokens_per_batch=tokens,
+        max_batch_tokens=tokens,
     )
     prm, trainer, _ = train(cfg)
     h = hashlib.sha256()

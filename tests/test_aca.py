@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from betaprm.aca import ACAConfig, Candidate, Task, _State, run_aca, summarize
+from betaprm.aca import ACAConfig, ACAState, Candidate, Task, run_aca, summarize
 from betaprm.errors import BetaPRMInputError
 from betaprm.generation import GenerationRequest
 from betaprm.scoring import StepScores
@@ -29,7 +29,7 @@ from betaprm.synth.experiment import BayesScorer, CachedScorer
 def _state(cands, **kw):
     """An ACA state holding hand-made candidates: (answer, mu list, sigma list)."""
     cfg = ACAConfig(final="lin", **kw)
-    s = _State(Task("t", "q"), cfg)
+    s = ACAState(Task("t", "q"), cfg)
     for i, (ans, mu, sig) in enumerate(cands):
         s.cands.append(
             Candidate(
@@ -300,12 +300,10 @@ def test_cli_aca_plot_against_a_best_of_n_baseline(tmp_path):
 def test_tune_rb_on_world_uses_the_validation_split_only():
     """S_RB's (lambda, tau) come from Best-of-budget pools of the world's validation
     problems (the demo's split seeds), which are the only traces scored."""
-    from betaprm.aca import tune_rb_on_world
     from betaprm.selection import PAPER_LAMBDAS, PAPER_QS
+    from betaprm.synth.experiment import split_seeds, tune_rb_on_world
 
     world = World()
-    from betaprm.synth.experiment import split_seeds
-
     val = world.sample_problems(20, split_seeds(5).val_problems, "val")
     scorer = BayesScorer(world, val)  # a question outside the validation split raises KeyError
     res = tune_rb_on_world(world, scorer, 4, 5, n_val=20)

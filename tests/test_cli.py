@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from betaprm.cli import main
+from betaprm.errors import BetaPRMInputError
 
 from .helpers import run_cli
 
@@ -269,7 +270,7 @@ def test_bad_input_exits_2_with_one_message(tmp_path):
 
 def test_config_file_then_flags(tmp_path, capsys):
     from betaprm.cli import build_parser
-    from betaprm.cli._config import config_from_args
+    from betaprm.cli.flags import config_from_args
     from betaprm.demo import DemoConfig
 
     cfg = tmp_path / "c.yaml"
@@ -294,3 +295,35 @@ def test_demo_default_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "d" / "results.json").read_text())
     assert r["effective_config"]["n_test_problems"] == 1000 and r["effective_config"]["n_candidates"] == 16
+
+
+def test_renamed_option_keeps_its_old_name_with_a_warning(tmp_path, capsys):
+    """A renamed config field (``opt(..., aliases=...)``) still takes its old flag and config
+    key for one release, each with a deprecation message naming the new one; both names in
+    one file is an error."""
+    import argparse
+    import dataclasses
+
+    from betaprm.cli.flags import add_config_args, config_from_args
+    from betaprm.options import opt
+
+    @dataclasses.dataclass
+    class Config:
+        max_batch_tokens: int = opt(0, "a token budget", aliases=("max_tokens_per_batch",))
+        packing: bool = opt(False, "pack", aliases=("pack_rows",))
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, Config)
+    assert "--max-tokens-per-batch" not in parser.format_help()  # hidden
+    c = config_from_args(Config, parser.parse_args(["--max-tokens-per-batch", "512", "--pack-rows"]))
+    assert (c.max_batch_tokens, c.packing) == (512, True)
+    err = capsys.readouterr().err
+    assert "--max-tokens-per-batch is deprecated" in err and "use --max-batch-tokens" in err
+    assert "--pack-rows is deprecated" in err and "use --packing" in err
+    f = tmp_path / "c.yaml"
+    f.write_text("max_tokens_per_batch: 64\n")
+    assert config_from_args(Config, parser.parse_args(["--config", str(f)])).max_batch_tokens == 64
+    assert "key 'max_tokens_per_batch' is deprecated" in capsys.readouterr().err
+    f.write_text("max_tokens_per_batch: 64\nmax_batch_tokens: 32\n")
+    with pytest.raises(BetaPRMInputError, match="both 'max_tokens_per_batch' and its new name"):
+        config_from_args(Config, parser.parse_args(["--config", str(f)]))

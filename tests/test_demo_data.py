@@ -271,13 +271,13 @@ def test_check_pretraining_replaces_verifiable_results_and_targets_their_markers
     import torch
 
     from betaprm.formatting import encode_traces
-    from betaprm.synth.training import _at_results, _check_batch, _replaced_trace
+    from betaprm.synth.training import at_results, check_batch, replaced_trace
     from betaprm.synth.world import parse_value
 
     w = World()
     problems = w.sample_problems(40, 3, "c")
     rng = np.random.default_rng(0)
-    made = [_replaced_trace(w, p, rng, 0.5) for p in problems]
+    made = [replaced_trace(w, p, rng, 0.5) for p in problems]
     n_replaced = 0
     for p, (steps, flags) in zip(problems, made):
         assert len(steps) == p.T + 1 and len(flags) == p.T
@@ -295,10 +295,10 @@ def test_check_pretraining_replaces_verifiable_results_and_targets_their_markers
     tok = _word_tokenizer_for(w, [t for p in problems[:5] for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
     marker = tok.convert_tokens_to_ids("<prm>")
     ids = encode_traces(tok, marker, [(p.question, steps) for p, (steps, _) in zip(problems, made)])
-    x, pos, labels, target = _check_batch(ids, [f for _, f in made], marker, tok.pad_token_id)
+    x, pos, labels, target = check_batch(ids, [f for _, f in made], marker, tok.pad_token_id)
     assert int((x != tok.pad_token_id).sum()) == sum(map(len, ids))
     # the same targets at the results themselves: one position before each step's marker
-    at_result, result_target = _at_results(target)
+    at_result, result_target = at_results(target)
     assert torch.equal(result_target, target[target >= 0])
     assert torch.equal(at_result[:, :-1], target[:, 1:] >= 0) and not at_result[:, -1].any()
     # each trace, found by its segment of position ids, gets its own targets back
@@ -367,7 +367,7 @@ def test_check_pretraining_stops_once_the_check_has_formed(monkeypatch):
     from betaprm.synth import training
     from betaprm.tiny import tiny_causal_lm
 
-    sched = training._check_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 2, 4)
+    sched = training.check_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 2, 4)
     lrs = [sched.factor(s) for s in range(6)]
     assert lrs == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]  # warm-up, then constant while nothing has formed
     sched.decay_from = 3
@@ -379,7 +379,7 @@ def test_check_pretraining_stops_once_the_check_has_formed(monkeypatch):
     problems = w.sample_problems(5, 3, "c")
     tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
     monkeypatch.setattr(training, "CHECK_WINDOW", 2)
-    schedule = training._check_schedule
+    schedule = training.check_schedule
     for until, want, said in [(100.0, 2 + 3, "the check formed by step 2"), (0.0, 8, "has not formed by step 5")]:
         cfg = DemoConfig(quick=True, check_steps=8, check_decay_steps=3, check_until=until).effective()
         model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
@@ -388,7 +388,7 @@ def test_check_pretraining_stops_once_the_check_has_formed(monkeypatch):
         assert any(said in line and "decays over 3 steps" in line for line in lines), lines
     # No room to wait (check_steps <= check_decay_steps): a cosine decay over all of it.
     made = []
-    monkeypatch.setattr(training, "_check_schedule", lambda *a, **k: made.append(schedule(*a, **k)) or made[-1])
+    monkeypatch.setattr(training, "check_schedule", lambda *a, **k: made.append(schedule(*a, **k)) or made[-1])
     cfg = DemoConfig(quick=True, check_steps=3, check_decay_steps=20).effective()
     model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
     assert training.check_pretrain(model, cfg, w, tok, TraceFormat(), lambda line: None) == 3
@@ -406,7 +406,7 @@ def test_pretraining_keeps_packed_traces_apart():
     import torch
 
     from betaprm.formatting import encode_traces
-    from betaprm.synth.training import _check_batch, pretrain
+    from betaprm.synth.training import check_batch, pretrain
 
     w = World()
     problems = w.sample_problems(6, 3, "c")
@@ -423,7 +423,7 @@ def test_pretraining_keeps_packed_traces_apart():
     # makes rows that hold two.
     ids.append(ids[0] + ids[1])
     flags = [[False] * p.T for p in problems] + [[False] * (problems[0].T + problems[1].T + 1)]
-    x, pos, _, _ = _check_batch(ids, flags, marker, tok.pad_token_id)
+    x, pos, _, _ = check_batch(ids, flags, marker, tok.pad_token_id)
     assert x.shape[0] < len(ids) - 1  # some row holds two traces
     with torch.no_grad():
         packed = model.model(input_ids=x, position_ids=pos).last_hidden_state
@@ -443,19 +443,19 @@ def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkey
 
     from betaprm.formatting import TraceFormat, encode_traces
     from betaprm.synth import training
-    from betaprm.synth.training import _at_results, _check_batch, _replaced_trace
+    from betaprm.synth.training import at_results, check_batch, replaced_trace
 
     w = World()
     problems = w.sample_problems(8, 5, "c")
     rng = np.random.default_rng(1)
-    made = [_replaced_trace(w, p, rng, 0.5) for p in problems]
+    made = [replaced_trace(w, p, rng, 0.5) for p in problems]
     tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
     marker = tok.convert_tokens_to_ids("<prm>")
     ids = encode_traces(
         tok, marker, [(p.question, s) for p, (s, _) in zip(problems, made)], TraceFormat(marker_repeat=2)
     )
-    x, pos, labels, target = _check_batch(ids, [f for _, f in made], marker, tok.pad_token_id, marker_repeat=2)
-    from betaprm.data.dataset import first_fit_rows
+    x, pos, labels, target = check_batch(ids, [f for _, f in made], marker, tok.pad_token_id, marker_repeat=2)
+    from betaprm.batching import first_fit_rows
 
     rows = first_fit_rows([len(s) for s in ids])
     assert all(len(m) == 1 for m in rows)  # one trace per row here
@@ -468,7 +468,7 @@ def test_check_batch_with_two_markers_per_step_and_pretrain_without_check(monkey
             marks[2 * k] - 1 for k, f in enumerate(flags) if f
         }
     # the result-position targets: the token before each op step's first marker
-    at_result, result_target = _at_results(target, marker_repeat=2)
+    at_result, result_target = at_results(target, marker_repeat=2)
     assert torch.equal(result_target, target[target >= 0])
     for r, (i,) in enumerate(rows):
         marks = [j for j, t in enumerate(ids[i]) if t == marker]
@@ -496,7 +496,7 @@ def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_re
 
     from betaprm.formatting import TraceFormat, encode_traces
     from betaprm.synth import training
-    from betaprm.synth.training import _lm_proposals, _replaced_trace
+    from betaprm.synth.training import lm_proposals, replaced_trace
     from betaprm.tiny import tiny_causal_lm
 
     w = World()
@@ -506,14 +506,14 @@ def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_re
     model.config.use_cache = False
     fmt = TraceFormat(marker_repeat=marker_repeat)
     marker = tok.convert_tokens_to_ids("<prm>")
-    fast = _lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
-    monkeypatch.setattr(training, "_proposal_autocast", lambda device: contextlib.nullcontext())
-    props = _lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
+    fast = lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
+    monkeypatch.setattr(training, "proposal_autocast", lambda device: contextlib.nullcontext())
+    props = lm_proposals(model, w, tok, fmt, problems, np.random.default_rng(0))
     for a, b in zip(fast, props):  # bf16 where the hardware has it (else the same fp32)
         np.testing.assert_allclose(a, b, atol=0.02)
         np.testing.assert_allclose(a.sum(1), 1.0)
     numbers = tok.convert_tokens_to_ids([str(v) for v in range(w.M)])
-    texts_rng = np.random.default_rng(0)  # the same connectives as _lm_proposals wrote
+    texts_rng = np.random.default_rng(0)  # the same connectives as lm_proposals wrote
     for p, prop in zip(problems, props):
         truth = p.true_values()
         steps = w.step_texts(p, truth, 0, texts_rng)
@@ -532,7 +532,7 @@ def test_lm_proposals_are_the_models_own_predictions_without_the_truth(marker_re
     only = np.zeros((problems[0].T, w.M))
     truth = problems[0].true_values()
     only[np.arange(problems[0].T), (np.array(truth) + 3) % w.M] = 1.0  # every proposal: the truth + 3
-    steps, flags = _replaced_trace(w, problems[0], rng, 1.0, only)
+    steps, flags = replaced_trace(w, problems[0], rng, 1.0, only)
     prev = problems[0].start
     from betaprm.synth.world import parse_value
 
@@ -566,7 +566,7 @@ def test_prm_micro_batches_reach_betaprm_train(monkeypatch, tmp_path):
     """--prm-micro-batches N: each PRM's step of --prm-batch traces runs as N length-sorted
     forward passes (betaprm train's per-device batch and batch rebalance); the step stays
     --prm-batch traces."""
-    import betaprm.train as train_module
+    from betaprm.synth import training as train_module
     from betaprm.synth.training import train_prm
 
     seen = []

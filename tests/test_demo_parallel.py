@@ -105,7 +105,7 @@ def test_a_failing_worker_is_named(tmp_path):
 PARENT = """
 import multiprocessing, os, sys, time
 from concurrent.futures import ProcessPoolExecutor
-from betaprm.synth.training import exit_with_parent
+from betaprm.synth.processes import exit_with_parent
 
 def job(path):
     open(path, "w").write(str(os.getpid()))

@@ -238,7 +238,7 @@ def test_images_go_only_to_a_policy_that_takes_them_and_a_prm_that_scores_them(
 def test_image_root_is_where_image_paths_resolve_and_stay(tmp_path, capsys):
     """Fails before this change: there was no --image-root; image paths resolved against
     the problems file's folder and could leave it."""
-    from betaprm.cli._problems import read_problems
+    from betaprm.cli.problems import read_problems
 
     pics = tmp_path / "pics"
     _png(pics / "a.png")

@@ -4,7 +4,7 @@ import pytest
 
 from betaprm.errors import BetaPRMInputError
 from betaprm.formatting import TraceFormat, encode_trace, encode_traces, format_trace
-from betaprm.model import _add_marker
+from betaprm.model import add_marker_token
 
 from .conftest import fresh_tokenizer, random_steps
 
@@ -99,9 +99,9 @@ def test_add_marker_is_idempotent(bpe_tokenizer):
 
     tok = fresh_tokenizer(bpe_tokenizer)
     model = tiny_causal_lm(len(tok))
-    first = _add_marker(model, tok, "<prm>")
+    first = add_marker_token(model, tok, "<prm>")
     rows = model.get_input_embeddings().weight.shape[0]
-    assert _add_marker(model, tok, "<prm>") == first
+    assert add_marker_token(model, tok, "<prm>") == first
     assert model.get_input_embeddings().weight.shape[0] == rows
 
 

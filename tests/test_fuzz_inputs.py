@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from betaprm.cli import main
-from betaprm.cli._problems import read_problems
+from betaprm.cli.problems import read_problems
 from betaprm.data.records import validate_object
 from betaprm.errors import BetaPRMInputError
 from betaprm.evaluation.steps import read_visualprocessbench

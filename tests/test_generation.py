@@ -221,7 +221,7 @@ def test_openai_missing_usage_is_a_clear_error(problems):
     srv = _Server(problems)
     try:
         gen = _client(srv.url)
-        gen._post = lambda path, body: {
+        gen.post_json = lambda path, body: {
             "choices": [{"message": {"content": "x"}}]
         }  # what a server without usage sends
         with pytest.raises(GenerationError, match="usage.completion_tokens"):

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from betaprm import BetaPRM
+from betaprm.batching import token_batches
 from betaprm.errors import BetaPRMInputError
 from betaprm.formatting import encode_traces
-from betaprm.scoring import fit_traces, score_token_ids, score_traces, token_batches
+from betaprm.scoring import fit_traces, score_token_ids, score_traces
 from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
 
 from .conftest import CORPUS

@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from betaprm.cli import main
-from betaprm.data import records
+from betaprm.data import jsonl
 from betaprm.data.records import read_records
 from betaprm.errors import BetaPRMInputError
 from betaprm.train import TrainConfig
@@ -277,7 +277,7 @@ def test_a_line_over_the_cap_is_a_problem_of_its_line(tmp_path, monkeypatch):
     """Fails before this change: a line of any length was read whole (a 200 MB line took
     about 1 GB); one over MAX_LINE_BYTES is now reported with its file and line, and
     --on-error skip leaves it out."""
-    monkeypatch.setattr(records, "MAX_LINE_BYTES", 2000)
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 2000)
     f = tmp_path / "pools.jsonl"
     big = dict(pool(1), question="x" * 5000)
     f.write_text("\n".join(json.dumps(p) for p in (pool(0), big, pool(2))) + "\n")

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from betaprm import BetaPRM
-from betaprm.data.dataset import CountsCollator, encode_records
 from betaprm.data.records import Record, read_records
 from betaprm.formatting import fit_to_length
-from betaprm.train import TrainConfig, _trainer_class, train
+from betaprm.train import PRMTrainer, TrainConfig, train
+from betaprm.train.dataset import CountsCollator, encode_records
 
 from .helpers import make_counts, make_lm_dir
 
@@ -136,7 +136,7 @@ def test_loss_is_float32_for_a_bf16_backbone(lm_dir, counts):
     ds = encode_records(prm, read_records(counts).records[:4], max_length=512)
     from transformers import TrainingArguments
 
-    trainer = _trainer_class()(
+    trainer = PRMTrainer(
         model=prm,
         args=TrainingArguments(output_dir="/tmp/unused", use_cpu=True, report_to="none", remove_unused_columns=False),
         train_dataset=ds,
@@ -241,7 +241,7 @@ def test_bad_config_is_one_clear_error(lm_dir, counts):
 def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
     """--group-by-length reaches the Trainer's sampler: each batch of the epoch spans a
     narrower range of lengths than random batches, and training runs with it."""
-    from betaprm.data.dataset import LengthBucketSampler
+    from betaprm.train.dataset import LengthBucketSampler
 
     prm, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "g", group_by_length=True, max_steps=2, save_steps=100))
     sampler = trainer._get_train_sampler()
@@ -319,7 +319,7 @@ def test_non_finite_training_stops_before_writing_nan_weights(tmp_path, lm_dir, 
 
 
 def test_length_buckets_are_homogeneous_shuffled_and_cover_every_example_once():
-    from betaprm.data.dataset import LengthBucketSampler
+    from betaprm.train.dataset import LengthBucketSampler
 
     lengths = [((i * 37) % 101) + 5 for i in range(203)]
     s = LengthBucketSampler(lengths, batch_size=8, seed=3, group=5)
@@ -361,7 +361,7 @@ def test_group_by_length_trains_and_resumes_like_the_uninterrupted_run(tmp_path,
 
 # ---------------------------------------------------------------------- packing
 def test_pack_rows_lays_every_trace_out_once_without_padding_between():
-    from betaprm.data.dataset import pack_rows
+    from betaprm.batching import pack_rows
 
     feats = [{"input_ids": list(range(10 * (i + 1), 10 * (i + 1) + n)), "i": i} for i, n in enumerate([5, 2, 3, 4, 1])]
     order, batch = pack_rows(feats, pad_id=0)
@@ -386,7 +386,7 @@ def test_packed_batches_give_the_padded_loss_and_gradients(tmp_path, lm_dir, cou
     loaded = read_records(str(counts), kind="counts")
     ds = encode_records(prm, loaded.records[:12], max_length=512)
     feats = [ds[i] for i in range(12)]
-    trainer_cls = _trainer_class()
+    trainer_cls = PRMTrainer
     losses, grads = [], []
     for pack in (False, True):
         trainer = trainer_cls(
@@ -448,7 +448,8 @@ def test_packing_check_passes_under_bf16_autocast(tmp_path, lm_dir, counts):
 
 # ---------------------------------------------------------------------- batches by tokens
 def test_token_budget_batches_fit_the_budget_cover_every_example_once_and_split_for_processes():
-    from betaprm.data.dataset import TokenBudgetBatchSampler, batch_tokens
+    from betaprm.batching import batch_tokens
+    from betaprm.train.dataset import TokenBudgetBatchSampler
 
     lengths = [((i * 37) % 101) + 5 for i in range(203)] + [700]  # one trace over the budget
     for packed in (True, False):
@@ -472,7 +473,7 @@ def test_token_budget_batches_fit_the_budget_cover_every_example_once_and_split_
     # Three processes: the count divides by three, nothing dropped or repeated.
     three = TokenBudgetBatchSampler(lengths, 400, packed=True, seed=3, world=3).all_batches()
     assert len(three) % 3 == 0 and sorted(i for b in three for i in b) == list(range(204))
-    with pytest.raises(Exception, match="max_tokens"):
+    with pytest.raises(Exception, match="max_batch_tokens"):
         TokenBudgetBatchSampler(lengths, 0, packed=True)
 
 
@@ -525,17 +526,22 @@ def test_token_budget_training_fits_the_budget_and_resumes_in_a_later_epoch(tmp_
     from .helpers import make_counts
 
     data = make_counts(tmp_path / "small.jsonl", n=24, seed=5)
-    kw = dict(max_tokens_per_batch=90, max_steps=8, save_steps=5, logging_steps=1)
+    kw = dict(max_batch_tokens=90, max_steps=8, save_steps=5, logging_steps=1)
     full, trainer, _ = train(cfg(lm_dir, data, tmp_path / "a", **kw))
     assert trainer.args.gradient_accumulation_steps >= 2
     assert trainer.state.epoch > 2  # the run goes over the data more than twice
-    from betaprm.data.dataset import batch_tokens
+    from betaprm.batching import batch_tokens
 
     sampler = trainer.token_batches
     sampler.set_epoch(0)
     assert all(batch_tokens([sampler.lengths[i] for i in b], True) <= 90 for b in sampler.all_batches())
     assert len({len(b) for b in sampler.all_batches()}) > 1
     shutil.copytree(tmp_path / "a" / "checkpoint-5", tmp_path / "b" / "checkpoint-5")
+    # A checkpoint of a run from before --max-batch-tokens, recorded as max_tokens_per_batch, resumes.
+    run_file = tmp_path / "b" / "checkpoint-5" / "betaprm_run.json"
+    run = json.loads(run_file.read_text())
+    run["settings"]["max_tokens_per_batch"] = run["settings"].pop("max_batch_tokens")
+    run_file.write_text(json.dumps(run))
     resumed, trainer_b, _ = train(cfg(lm_dir, data, tmp_path / "b", resume_from_checkpoint="last", **kw))
     pa, pb = params(full), params(resumed)
     for k in pa:

@@ -5,6 +5,8 @@ and the Beta losses are imported on first use, so ``import betaprm.selection`` (
 or the CLI's argument parsing) does not load torch.
 """
 
+import importlib
+
 from .errors import BetaPRMInputError
 from .formatting import TraceFormat, format_trace
 from .types import StepScores
@@ -36,8 +38,6 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value

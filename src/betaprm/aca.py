@@ -39,18 +39,39 @@ import numpy as np
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
 from .options import opt as _f
-from .selection import METHODS, candidate_scores
+from .provenance import completed_ids, json_line, records_in_order
+from .selection import METHODS, TuneResult, candidate_scores
+from .selectors import hit
 from .types import StepScores, Task
 
-UNCERTAINTIES = ("learned", "proxy", "none")
+# The sigma ACA can use, each with what it is.
+UNCERTAINTIES = {
+    "learned": "BetaPRM",
+    "proxy": "sqrt(mu(1-mu)), for a standard PRM",
+    "none": "reward only",
+}
 
 Scorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[StepScores]]
 """Scores ``(question, steps)`` traces, one ``StepScores`` per trace (``PRMScorer``)."""
 
 
+def final_selector_problems(final: str, final_tau: float | None, tau_required: bool = True) -> list[str]:
+    """What is wrong with a final selector (ACA's, search's): ``final`` must be a method of
+    ``selection.METHODS``, and S_RB (``rb``) needs its sigma threshold ``final_tau`` unless
+    ``tau_required`` is False (the caller tunes it first)."""
+    bad = []
+    if final not in METHODS:
+        bad.append(f"final must be one of {', '.join(METHODS)}, got {final!r}")
+    if tau_required and final == "rb" and final_tau is None:
+        bad.append("final 'rb' needs final_tau (S_RB's sigma threshold, tuned on validation pools)")
+    return bad
+
+
 @dataclass
-class ACAConfig:
-    """ACA's parameters; defaults are the paper's (appendix A.5)."""
+class ACASettings:
+    """ACA's budget, stopping test, cut point, final selector and seed (what ``betaprm aca``
+    takes as flags); ``ACAConfig`` adds which of ACA's mechanisms run. Defaults are the
+    paper's (appendix A.5)."""
 
     n0: int = _f(4, "candidates sampled from scratch first")
     m: int = _f(4, "candidates per later batch")
@@ -60,30 +81,35 @@ class ACAConfig:
     c_cut: float = _f(1.0, "cut point: the earliest step with mu - c_cut*sigma < p_bad")
     p_bad: float = _f(0.3, "cut point threshold")
     stop_margin: float = _f(0.0, "stop only when LCB(best) exceeds max UCB(competitors) by more than this")
-    early_stop: bool = _f(True, "stop when the best candidate is reliably ahead (False: always spend the budget)")
-    repair: bool = _f(True, "later batches continue a competitor's kept prefix (False: sample them from scratch)")
-    uncertainty: str = _f(
-        "learned",
-        "sigma used by ACA: learned (BetaPRM), proxy (sqrt(mu(1-mu)), for a standard PRM) or none (reward only)",
-    )
-    final: str = _f("rb", "final selector: rb (S_RB), lin, mean, min, last or prod")
+    final: str = _f("rb", f"final selector: {', '.join(METHODS)} (betaprm.selection; rb is S_RB)")
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (tune it on validation pools; required for rb)")
     seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id and the round)")
 
-    def __post_init__(self):
-        bad = []
-        for k in ("n0", "m", "budget"):
-            if getattr(self, k) < 1:
-                bad.append(f"{k} must be >= 1, got {getattr(self, k)}")
+    def budget_problems(self) -> list[str]:
+        """What is wrong with ``n0``, ``m`` and ``budget`` (nothing: an empty list)."""
+        bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n0", "m", "budget") if getattr(self, k) < 1]
         if self.n0 > self.budget:
             bad.append(f"n0 ({self.n0}) must not exceed budget ({self.budget})")
+        return bad
+
+
+@dataclass
+class ACAConfig(ACASettings):
+    """ACA's parameters (``ACASettings``) and which of its mechanisms run: early stopping,
+    repair, and the uncertainty it uses (the paper's ablations)."""
+
+    early_stop: bool = _f(True, "stop when the best candidate is reliably ahead (False: always spend the budget)")
+    repair: bool = _f(True, "later batches continue a competitor's kept prefix (False: sample them from scratch)")
+    uncertainty: str = _f(
+        "learned", "sigma used by ACA: " + ", ".join(f"{name} ({what})" for name, what in UNCERTAINTIES.items())
+    )
+
+    def __post_init__(self):
+        bad = self.budget_problems()
         if self.uncertainty not in UNCERTAINTIES:
             bad.append(f"uncertainty must be one of {', '.join(UNCERTAINTIES)}, got {self.uncertainty!r}")
-        if self.final not in METHODS:
-            bad.append(f"final must be one of {', '.join(METHODS)}, got {self.final!r}")
-        if self.final == "rb" and self.final_tau is None:
-            bad.append("final 'rb' needs final_tau (S_RB's sigma threshold, tuned on validation pools)")
+        bad += final_selector_problems(self.final, self.final_tau)
         if bad:
             raise BetaPRMInputError("bad ACA configuration: " + "; ".join(bad))
 
@@ -117,7 +143,12 @@ def _request_seed(seed: int, task_id: str, rnd: int) -> int:
     return zlib.crc32(f"{seed}/{task_id}/{rnd}".encode()) & 0x7FFFFFFF
 
 
-class _State:
+class ACAState:
+    """One problem's ACA run: its candidates (``cands``), rounds, generated tokens, the
+    request of its next batch (``next_req``) and, once ``done``, its stop reason.
+    ``decide`` applies the stopping test to the scored pool and plans the next batch;
+    ``record`` is the finished problem's record."""
+
     def __init__(self, task: Task, cfg: ACAConfig):
         self.task, self.cfg = task, cfg
         self.cands: list[Candidate] = []
@@ -250,13 +281,11 @@ def run_aca(
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
     from ``out`` when it already holds them)."""
-    from .provenance import completed_ids, json_line, records_in_order
-
     done_ids = completed_ids(out) if out else set()
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise BetaPRMInputError("ACA tasks need unique ids")
-    todo = [_State(t, cfg) for t in tasks if t.id not in done_ids]
+    todo = [ACAState(t, cfg) for t in tasks if t.id not in done_ids]
     fh = open(out, "a", encoding="utf-8") if out else None
     bar = None
     if progress and todo:
@@ -268,7 +297,7 @@ def run_aca(
         active = todo
         while active:
             comps = generator.generate([s.next_req for s in active])
-            new: list[tuple[_State, Candidate]] = []
+            new: list[tuple[ACAState, Candidate]] = []
             for s, cs in zip(active, comps):
                 parent, cut = s.next_meta
                 prefix = list(s.next_req.prefix)
@@ -338,37 +367,12 @@ def accuracy_phrase(s: dict) -> str:
     return f"accuracy {s['acc']:.3f}" + (f" on the {judged} with an answer" if s["no_reference"] else "")
 
 
-def tune_rb_on_world(world, scorer: Scorer, budget: int, seed: int, lam: float | None = None, n_val: int = 300):
-    """S_RB's (lambda, tau) tuned on Best-of-``budget`` pools of the chain-arithmetic
-    world's validation split, never on its test problems; returns ``selection.tune``'s
-    ``TuneResult``. The validation problems and pool policy are those ``betaprm demo --seed
-    SEED`` tunes on (``synth.experiment.split_seeds``). ``lam`` fixes lambda (None: lambda is
-    tuned with tau)."""
-    from .selection import tune
-    from .synth import SynthPolicy
-    from .synth.experiment import split_seeds
-
-    seeds = split_seeds(seed)
-    val = world.sample_problems(n_val, seeds.val_problems, "val")
-    pol = SynthPolicy(world, seed=seeds.pool_policy)
-    pools = [pol.sample_traces(p, budget) for p in val]
-    flat = scorer([(p.question, t.steps) for p, ts in zip(val, pools) for t in ts])
-    k = budget
-    scored = [flat[i * k : (i + 1) * k] for i in range(len(val))]
-    return tune(
-        scored, [[t.correct for t in ts] for ts in pools], "rb", **({"lambdas": (lam,)} if lam is not None else {})
-    )
-
-
 def best_of_n_curve(
     records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None
 ) -> tuple[list[int], list[float]]:
     """Accuracy against generated tokens of Best-of-n for n = 1 .. the smallest pool, from
     the records of a ``best-of-n`` run (their first n candidates, picked by the selector
     ``method`` of ``betaprm.selectors`` with ``lam`` and ``tau``)."""
-    from .selection import TuneResult
-    from .selectors import hit
-
     tuned = {method: TuneResult(method, lam, None, tau, float("nan"))}
     pools = [[StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]] for r in records]
     xs, ys = [], []

@@ -18,8 +18,8 @@ betaprm brings torch.
 from __future__ import annotations
 
 import json
+import math
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -29,115 +29,19 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
+from pathlib import Path
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)?\s*[:=]?\s*(.+?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
+from .errors import BetaPRMInputError
+from .generation.base import GenerationError
+from .generation.openai import OpenAIGenerator
+from .generation.text import extract_answer, final_answer
 
+__all__ = ["AnswerChecker", "LLMJudge", "extract_answer", "final_answer"]
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (braces balanced), or None."""
-    start = text.rfind("\\boxed")
-    while start != -1:
-        i = text.find("{", start)
-        if i == -1:
-            return None
-        depth, j = 0, i
-        while j < len(text):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[i + 1 : j].strip()
-            j += 1
-        start = text.rfind("\\boxed", 0, start)
-    return None
-
-
-def extract_answer(text: str) -> str | None:
-    """The stated final answer of ``text``: the last ``\\boxed{}``, else an
-    ``<answer>`` tag, else what follows "answer is"/"answer:" on the last line that has
-    it; None when the text states no answer."""
-    if not text:
-        return None
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return boxed
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return tags[-1].strip()
-    for line in reversed(text.strip().splitlines()):
-        m = _ANSWER_IS.search(line)
-        if m and m.group(1).strip():
-            return m.group(1).strip()
-    return None
-
-
-def final_answer(steps: Sequence[str]) -> str | None:
-    """The answer a trace ends with: from its last step, else from the whole text."""
-    if not steps:
-        return None
-    return extract_answer(steps[-1]) or extract_answer("\n".join(steps))
-
-
-def _verify(gold: str, pred: str) -> bool | None:
-    import logging
-
-    from math_verify import parse, verify
-
-    # It warns on every call that its own timeout is off: the worker's time is bounded
-    # from outside (its signals cannot interrupt sympy's long computations anyway).
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-    g = parse(gold, parsing_timeout=None)
-    if not g:
-        g = parse(f"${gold}$", parsing_timeout=None)
-    if not g:
-        return None  # the reference itself cannot be read: a failed check
-    p = parse(pred, parsing_timeout=None) or parse(f"${pred}$", parsing_timeout=None)
-    if not p:
-        return pred.strip() == gold.strip()
-    return bool(verify(g, p, timeout_seconds=None))
-
-
-def _safe_verify(gold: str, pred: str) -> bool | None:
-    try:
-        return _verify(gold, pred)
-    except Exception:  # math-verify raising is a failed check, not a wrong answer
-        return None
-
-
-def _worker_main() -> None:
-    """A check worker: after a first line "ready", reads batches on stdin (one JSON line
-    of [index, gold, pred] triples each) and writes one JSON line [index, verdict] per
-    check on stdout as soon as it is done."""
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # whatever sympy prints must not mix with the answers
-    sys.stdout = sys.stderr
-    try:
-        import math_verify  # noqa: F401  (loaded once, before any check's clock starts)
-    except Exception as e:
-        out.write(
-            json.dumps({"error": f"cannot import math_verify ({type(e).__name__}: {e}); pip install math-verify"})
-            + "\n"
-        )
-        out.flush()
-        return
-    out.write('"ready"\n')
-    out.flush()
-    for line in sys.stdin:
-        for i, gold, pred in json.loads(line):
-            out.write(json.dumps([i, _safe_verify(gold, pred)]) + "\n")
-            out.flush()
-
-
-# Runs this file (not the betaprm package, whose import brings torch) and its worker loop.
+# Runs answer_worker.py (a plain script: not the betaprm package, whose import brings torch).
 # The first sys.path entry is the working directory, where a stray file could shadow a module.
-_BOOT = (
-    "import runpy, sys\n"
-    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
-    "runpy.run_path(sys.argv[1])['_worker_main']()"
-)
+_BOOT = "import runpy, sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nrunpy.run_path(sys.argv[1])['main']()"
+WORKER_FILE = str(Path(__file__).with_name("answer_worker.py"))
 _START_TIMEOUT = 120.0  # seconds a worker may take to import math-verify
 _BATCH = (16, 64)  # pairs per batch sent to a worker: at least, at most
 
@@ -147,7 +51,7 @@ class _Worker:
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, __file__],
+            [sys.executable, "-c", _BOOT, WORKER_FILE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -192,10 +96,6 @@ class AnswerChecker:
     are stopped at exit in any case."""
 
     def __init__(self, timeout: float = 10.0, workers: int = 4):
-        import math
-
-        from .errors import BetaPRMInputError
-
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             # NaN would never expire (no kill), and 0 would fail every check.
             raise BetaPRMInputError(f"--check-timeout must be a number of seconds > 0, got {timeout!r}")
@@ -294,7 +194,7 @@ class AnswerChecker:
         if not w.ready:
             _kill_all(self._pool)
             raise RuntimeError(
-                f"an answer-check worker ({sys.executable} running {__file__}) did not start within "
+                f"an answer-check worker ({sys.executable} running {WORKER_FILE}) did not start within "
                 f"{_START_TIMEOUT:g} s or exited at start"
             )
         w.kill()
@@ -325,8 +225,6 @@ class LLMJudge:
         timeout: float = 60.0,
         max_retries: int = 2,
     ):
-        from .generation.openai import OpenAIGenerator
-
         # The key goes only where it is given (the CLI reads it from --api-key-env);
         # a judge that redirects is refused, never followed (BetaPRMInputError).
         self.client = OpenAIGenerator(
@@ -353,8 +251,6 @@ class LLMJudge:
         self.close()
 
     def _one(self, gold, pred) -> bool | None:
-        from .generation.base import GenerationError
-
         body = {
             "model": self.client.model,
             "messages": [{"role": "user", "content": self.PROMPT.format(gold=gold, pred=pred)}],
@@ -362,7 +258,7 @@ class LLMJudge:
             "temperature": 0.0,
         }
         try:
-            ans = self.client._post("/chat/completions", body)
+            ans = self.client.post_json("/chat/completions", body)
             word = ans["choices"][0]["message"]["content"].strip().lower()
         except (GenerationError, KeyError, IndexError, TypeError, AttributeError):
             return None

@@ -12,7 +12,7 @@ The pipeline uses the same ``BetaPRM``, trainer and scorer as real backbones:
    same budget and seed through ``betaprm.train``;
 4. Best-of-``n_candidates`` pools for validation and test problems, scored by both; the
    selectors' hyperparameters tuned on validation only (``betaprm.selectors``);
-5. diagnostics against the truth (``synth.diagnostics``), tables (``evaluation.report``),
+5. diagnostics against the truth (``synth.diagnostics``), tables and plots (``synth.report``),
    ``results.json`` (with config, seed and version) and plots.
 """
 
@@ -25,8 +25,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .evaluation.report import demo_plots, format_results
+from .evaluation.calibration import evaluate_counts, flat_counts
+from .evaluation.metrics import bootstrap_ci, paired_bootstrap
+from .provenance import version
+from .scoring import score_traces
+from .selectors import tune_selectors
+from .synth import World, WorldConfig, diagnostics
+from .synth.experiment import aca_table, bayes_scores, bon_hits, demo_data
 from .synth.recipe import BASE, PRESETS, DemoConfig
+from .synth.report import demo_plots, format_results
+from .synth.training import build_backbone, train_prms
 
 __all__ = ["BASE", "PRESETS", "DemoConfig", "format_results", "run_demo"]
 
@@ -42,15 +50,6 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from .evaluation.calibration import evaluate_counts, flat_counts
-    from .evaluation.metrics import bootstrap_ci, paired_bootstrap
-    from .model import _version
-    from .scoring import score_traces
-    from .selectors import tune_selectors
-    from .synth import World, WorldConfig, diagnostics
-    from .synth.experiment import aca_table, bayes_scores, bon_hits, demo_data
-    from .synth.training import build_backbone, train_prms
-
     log = log or logger.info
     t_start = time.perf_counter()
     eff = cfg.effective()
@@ -64,7 +63,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    log(f"betaprm {_version()} demo ({cfg.recipe()} run, seed {cfg.seed}, {device}) -> {out}")
+    log(f"betaprm {version()} demo ({cfg.recipe()} run, seed {cfg.seed}, {device}) -> {out}")
 
     # 1. data
     t0 = time.perf_counter()
@@ -139,7 +138,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         "effective_config": asdict(eff),
         "world": world_cfg.to_dict(),
         "seed": cfg.seed,
-        "version": _version(),
+        "version": version(),
         "bon": bon,
         "comparisons": comparisons,
         "best_of_n_curve": {"n": list(range(1, eff.n_candidates + 1)), **curves},

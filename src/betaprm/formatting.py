@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 from .errors import BetaPRMInputError
 
+TRUNCATE_MODES = ("error", "steps")
+"""What scoring does with a trace longer than the model's positions: stop, naming it, or
+score the whole steps that fit."""
+
 DEFAULT_TEMPLATE = "Question: {question}\nProcess: {process}"
 
 __all__ = ["DEFAULT_TEMPLATE", "TraceFormat", "encode_trace", "encode_traces", "fit_to_length", "format_trace"]

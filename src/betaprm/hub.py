@@ -16,15 +16,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import constants, snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-
 from .errors import BetaPRMInputError
 
 __all__ = ["ModelSource", "resolve_model"]
@@ -114,6 +105,8 @@ def resolve_model(spec, revision: str | None = None, flag: str = "--model", file
 
 
 def _offline() -> bool:
+    from huggingface_hub import constants  # see _snapshot
+
     return bool(constants.HF_HUB_OFFLINE)
 
 
@@ -121,6 +114,17 @@ def _snapshot(name: str, revision: str | None, flag: str, files: str) -> Path:
     """The snapshot folder of ``name`` at ``revision``: top-level model (or tokenizer)
     files, safetensors weights preferred (``pytorch_model*.bin`` fetched only when a model
     has no safetensors)."""
+    # huggingface_hub takes a sixth of a second to import: loaded when a hub name is resolved,
+    # not when the CLI starts (every path and --help works without it).
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     where = f"{flag} {name}" + (f"@{revision}" if revision else "")
     patterns = _MODEL_FILES if files == "model" else _TOKENIZER_FILES
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import re
+import warnings
 from pathlib import Path
 
 MAX_IMAGE_BYTES = 20 * 2**20
@@ -65,8 +66,6 @@ def decode_image(data: bytes, max_pixels: int, formats=FORMATS):
     warning counts as a refusal. Raises ``ImageRefused`` with ``reason`` ``pixels`` (and
     ``size``), ``bomb`` or ``unreadable``, for the caller to word; its detail never carries an
     object's repr (Pillow's can hold a memory address)."""
-    import warnings
-
     from PIL import Image
 
     try:

@@ -21,7 +21,13 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .data.records import problem_fields, read_objects
+from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
+from .provenance import (
+    completed_ids,
+    json_line,  # strict JSON: a NaN raises before its record is written
+)
 
 
 @dataclass
@@ -38,9 +44,6 @@ def read_traces(path: str, marker: str = "<prm>") -> list:
     """Traces to label, with file:line errors. Steps and questions may not hold ``marker``
     (the records written would not train); non-string fields are refused, never
     converted."""
-    from .data.records import problem_fields, read_objects
-    from .errors import BetaPRMInputError
-
     items, seen = [], set()
     for where, r in read_objects(
         path, ("id", "question", "answer"), "id, question, answer and steps or candidates", flag="--input"
@@ -103,11 +106,6 @@ def label_traces(
     progress: bool = True,
 ) -> dict:
     """Label ``items`` into ``out`` (JSONL, appended). Returns counts for a summary."""
-    from .provenance import (
-        completed_ids,
-        json_line,  # strict JSON: a NaN raises before its record is written
-    )
-
     done = completed_ids(out)
     failed_done = completed_ids(failed_out) if failed_out else set()
     todo = [it for it in items if it.id not in done and it.id not in failed_done]

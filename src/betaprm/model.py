@@ -30,9 +30,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from .card import write_model_card
+from .data.jsonl import BadJSON, decode_utf8, load_json_file, loads_strict
 from .errors import BetaPRMInputError
 from .formatting import DEFAULT_TEMPLATE, TraceFormat
 from .hub import ModelSource, resolve_model
+from .provenance import version
+from .scoring import score_traces
+from .vision import is_vision_config, load_processor, processor_kwargs
 
 __all__ = ["BetaPRM", "BetaPRMConfig", "BetaPRMOutput", "load_prm", "model_kind"]
 
@@ -73,7 +77,7 @@ class BetaPRMConfig:
     # The hub name of the backbone the model was made from (empty for a local folder): the
     # model card's base_model.
     base_model: str = ""
-    betaprm_version: str = field(default_factory=lambda: _version())
+    betaprm_version: str = field(default_factory=version)
 
     def __post_init__(self):
         self.reward_tokens = tuple(self.reward_tokens)
@@ -118,15 +122,6 @@ class BetaPRMOutput:
     @property
     def sigma(self) -> torch.Tensor:
         return torch.sqrt(self.mu * (1.0 - self.mu) / (self.kappa + 1.0))
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("betaprm")
-    except Exception:  # running from a source tree without installation
-        return "0+unknown"
 
 
 def _inverse_softplus(y: float) -> float:
@@ -226,8 +221,6 @@ class BetaPRM(nn.Module):
         """
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-        from .vision import is_vision_config, load_processor
-
         base_model = ""
         if isinstance(model_or_path, (str, os.PathLike)):
             source = resolve_model(model_or_path, flag="from_backbone")
@@ -276,7 +269,7 @@ class BetaPRM(nn.Module):
             base_model=base_model,
         )
         _ = config.trace_format  # building it validates the template and marker settings
-        config.marker_id = _add_marker(backbone, tokenizer, marker)
+        config.marker_id = add_marker_token(backbone, tokenizer, marker)
         yes = _single_token_id(tokenizer, config.reward_tokens[0], "reward token")
         no = _single_token_id(tokenizer, config.reward_tokens[1], "reward token")
         if config.marker_id in (yes, no):
@@ -285,8 +278,6 @@ class BetaPRM(nn.Module):
             raise BetaPRMInputError(f"the reward tokens {config.reward_tokens!r} map to the same token id {yes}")
         config.reward_token_ids = (yes, no)
         if processor is not None:
-            from .vision import processor_kwargs
-
             config.auto_class = "AutoModelForImageTextToText"
             config.processor_class = type(processor).__name__
             config.processor_kwargs = processor_kwargs(processor)
@@ -382,8 +373,6 @@ class BetaPRM(nn.Module):
 
         ``candidates``: lists of step strings, or dicts with a ``"steps"`` list.
         """
-        from .scoring import score_traces
-
         steps = [c["steps"] if isinstance(c, dict) else c for c in candidates]
         return score_traces(self, [(question, s) for s in steps], batch_size=batch_size)
 
@@ -440,7 +429,7 @@ class BetaPRM(nn.Module):
         if unknown:
             raise BetaPRMInputError(
                 f"{cfg_file}: unknown keys {unknown}; the model was saved by betaprm "
-                f"{raw.get('betaprm_version', '?')} and this is {_version()}: upgrade betaprm (this one knows "
+                f"{raw.get('betaprm_version', '?')} and this is {version()}: upgrade betaprm (this one knows "
                 f"{sorted(known)})"
             )
         config = BetaPRMConfig(**raw)
@@ -488,8 +477,6 @@ class BetaPRM(nn.Module):
             raise BetaPRMInputError(f"{path / HEAD_NAME}: cannot read the kappa head: " + damaged.format(e)) from None
         processor = None
         if config.processor_class:
-            from .vision import load_processor
-
             processor = load_processor(path, tokenizer, config.processor_class, config.processor_kwargs)
         model = cls(backbone, tokenizer, config, kappa_head=head, processor=processor)
         if device is not None:
@@ -522,8 +509,6 @@ def model_kind(source: ModelSource | str | os.PathLike) -> str:
     ``standard`` (a BetaPRM trained with another objective: its kappa means nothing) or
     ``zero-shot`` (a plain causal LM). The objective comes from ``betaprm_config.json``, or
     for checkpoints of older versions from their ``train_summary.json``."""
-    from .data.records import load_json_file
-
     if not isinstance(source, ModelSource):
         source = resolve_model(source)
     path = source.path
@@ -555,8 +540,6 @@ def model_kind(source: ModelSource | str | os.PathLike) -> str:
 
 def _config_json(cfg_file: Path) -> dict:
     """``betaprm_config.json`` as a dict, or an error saying the checkpoint is damaged."""
-    from .data.records import BadJSON, decode_utf8, loads_strict
-
     try:
         raw = loads_strict(decode_utf8(cfg_file.read_bytes()))
     except (OSError, BadJSON) as e:
@@ -604,7 +587,7 @@ def _device_of(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def _add_marker(backbone, tokenizer, marker: str) -> int:
+def add_marker_token(backbone, tokenizer, marker: str) -> int:
     """Make ``marker`` a special token of ``tokenizer`` and give it an embedding row."""
     from tokenizers import AddedToken
 

@@ -1,14 +1,20 @@
-"""The one dataclass-field helper every config uses: ``opt(default, help_text)``.
+"""The one dataclass-field helper every config uses, ``opt(default, help_text)``, and the
+defaults that several configs share (kept here, without torch, for the CLI's ``--help``).
 
 The CLI builds each ``--flag`` from a config field and its ``metadata["help"]``
-(``betaprm.cli._config``); extra keyword arguments go into the same metadata.
+(``betaprm.cli.flags``); extra keyword arguments go into the same metadata.
 """
 
 from __future__ import annotations
 
 from dataclasses import field
 
-__all__ = ["opt"]
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "opt"]
+
+DEFAULT_MAX_BATCH_TOKENS = 16384
+"""Padded tokens per forward pass when scoring: memory follows tokens, not traces. With
+SDPA attention a forward's activations grow with batch x longest trace, so this bounds
+them whatever the mix of long and short traces."""
 
 
 def opt(default, help_text, **kw):

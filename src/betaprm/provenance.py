@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -63,6 +64,14 @@ _MODEL_SUFFIXES = {".json", ".safetensors", ".bin", ".gguf", ".model", ".tiktoke
 _WHOLE = 16 << 20  # files up to this size are hashed whole
 _BLOCK = 1 << 20
 _SAMPLES, _SAMPLE = 64, 256 << 10  # a larger file: this many blocks of this size, evenly spaced
+
+
+def version() -> str:
+    """This betaprm's version, as recorded in every output's provenance."""
+    try:
+        return importlib.metadata.version("betaprm")
+    except Exception:  # running from a source tree without installation
+        return "0+unknown"
 
 
 def _hash_file(h, path: Path) -> None:
@@ -284,13 +293,12 @@ def open_output(path, settings: dict, info: dict | None = None, flag: str = "--o
     ``BetaPRMInputError`` (``flag`` names the option in the messages). ``info``: what is
     recorded but not compared (paths, the version). The lock file is removed at the end;
     a failed run that wrote no record also removes the sidecar (and empty output) it made."""
-    from .model import _version
 
     path = Path(path)
     if path.is_dir():
         raise BetaPRMInputError(f"{flag} {path}: is a folder; give the path of the output file (JSONL) inside it")
     settings = json.loads(json.dumps(settings))  # as the sidecar holds them (tuples -> lists)
-    info = {**(info or {}), "betaprm": _version()}
+    info = {**(info or {}), "betaprm": version()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = _lock(path, flag)
@@ -412,10 +420,9 @@ def write_result(path, result: dict, settings: dict, info: dict | None = None) -
     """A JSON result (an evaluation) with a ``provenance`` key: ``settings`` and ``info``
     in the sidecar's layout. NaN there means "undefined" (an accuracy over no problems)
     and is written as null, so the file stays strict JSON."""
-    from .model import _version
 
     obj = finite_or_null(
-        {**result, "provenance": {"settings": settings, "info": {**(info or {}), "betaprm": _version()}}}
+        {**result, "provenance": {"settings": settings, "info": {**(info or {}), "betaprm": version()}}}
     )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")

@@ -14,6 +14,9 @@ import json
 from collections.abc import Sequence
 
 from .errors import BetaPRMInputError, redact_url
+from .generation.base import GenerationError
+from .generation.openai import MAX_RESPONSE_BYTES, http_post
+from .options import DEFAULT_MAX_BATCH_TOKENS
 
 __all__ = ["StepRewards"]
 
@@ -46,19 +49,17 @@ class StepRewards:
     def _scores(self, traces: list[tuple[str, list[str]]]) -> list[tuple[list[float], list[float]]]:
         """(mu, sigma) per trace."""
         if self.prm is not None:
-            from .scoring import DEFAULT_MAX_BATCH_TOKENS, score_traces
+            from .scoring import score_traces
 
             out = score_traces(self.prm, traces, max_batch_tokens=self.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS)
             return [(s.mu.tolist(), s.sigma.tolist()) for s in out]
-        from .generation.base import GenerationError
-        from .generation.openai import MAX_RESPONSE_BYTES, _http_post
 
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         body = json.dumps({"items": [{"question": q, "steps": s} for q, s in traces]}).encode()
         try:
-            status, _, raw = _http_post(self.url + "/v1/score", body, headers, self.timeout, MAX_RESPONSE_BYTES)
+            status, _, raw = http_post(self.url + "/v1/score", body, headers, self.timeout, MAX_RESPONSE_BYTES)
         except TimeoutError:
             raise GenerationError(f"{redact_url(self.url)}/v1/score: no answer within {self.timeout:g} s") from None
         except OSError as e:  # the socket's own message names no URL; this one names it without its password

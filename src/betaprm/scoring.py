@@ -9,71 +9,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
-from ._batching import _packed_forward, _padded_forward
+from .batching import fill_batches, packed_forward, pad_id, padded_forward, token_batches
+from .data.records import read_records
 from .errors import BetaPRMInputError
-from .formatting import encode_traces
-from .provenance import completed_ids  # resuming: ids already in an output
+from .formatting import TRUNCATE_MODES, encode_traces, fit_to_length
+from .options import DEFAULT_MAX_BATCH_TOKENS
+from .provenance import (
+    completed_ids,  # resuming: ids already in an output
+    json_line,
+)
 from .types import StepScores
+from .vision import score_multimodal
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "PRMScorer", "StepScores", "score_token_ids", "score_traces", "token_batches"]
-
-
-def _pad_id(tokenizer) -> int:
-    pad = tokenizer.pad_token_id
-    if pad is None:
-        pad = tokenizer.eos_token_id
-    return 0 if pad is None else pad
-
-
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (B, S) ``input_ids`` and ``attention_mask``; right padding keeps
-    every real token at its unpadded position, so batched == one-by-one."""
-    rows = [torch.as_tensor(s, dtype=torch.long) for s in seqs]
-    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_id)
-    lengths = torch.tensor([len(s) for s in seqs])
-    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
-    return ids, mask
-
-
-def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length (longest first)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-DEFAULT_MAX_BATCH_TOKENS = 16384
-"""Padded tokens per forward pass when scoring: memory follows tokens, not traces. With
-SDPA attention a forward's activations grow with batch x longest trace, so this bounds
-them whatever the mix of long and short traces."""
-
-
-def token_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None) -> list[list[int]]:
-    """Indices packed longest first into batches whose padded size (number of traces x
-    the longest one's length) is at most ``max_batch_tokens``; a trace longer than the
-    budget is scored alone. ``max_batch_size`` optionally caps the traces per batch."""
-    if max_batch_tokens < 1:
-        raise BetaPRMInputError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
-    if max_batch_size is not None and max_batch_size < 1:
-        raise BetaPRMInputError(f"batch size must be >= 1, got {max_batch_size}")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        b = batches[-1] if batches else None
-        # Longest first: the batch's first trace sets its padded width.
-        if (
-            b
-            and (len(b) + 1) * max(lengths[b[0]], 1) <= max_batch_tokens
-            and (max_batch_size is None or len(b) < max_batch_size)
-        ):
-            b.append(i)
-        else:
-            batches.append([i])
-    return batches
+__all__ = ["PRMScorer", "StepScores", "score_pool_file", "score_token_ids", "score_traces"]
 
 
 def max_positions(prm) -> int | None:
@@ -82,9 +36,6 @@ def max_positions(prm) -> int | None:
     cfg = getattr(cfg, "get_text_config", lambda: cfg)()
     n = getattr(cfg, "max_position_embeddings", None)
     return int(n) if n else None
-
-
-TRUNCATE_MODES = ("error", "steps")
 
 
 TRUNCATE_HINT = (
@@ -113,8 +64,6 @@ def fit_traces(
     """
     if truncate not in TRUNCATE_MODES:
         raise BetaPRMInputError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
-    from .formatting import fit_to_length
-
     limit = max_length or max_positions(prm)
     marker, rep = prm.config.marker_id, prm.config.marker_repeat
     out_ids, kept = [], []
@@ -150,19 +99,17 @@ def score_token_ids(
     Batches hold at most ``max_batch_tokens`` positions (and at most ``batch_size`` traces
     when given), so memory is bounded by tokens, not by the number of traces. With ``pack``
     (and no ``batch_size``) each batch's traces are laid out without padding (rows as long as
-    the longest, see ``_packed_forward``), the same scores for less compute; else padded.
+    the longest, see ``batching.packed_forward``), the same scores for less compute; else padded.
     No autograd graph is kept. ``progress``: an optional callable given the number of
     traces finished per batch.
     """
-    pad = _pad_id(prm.tokenizer)
+    pad = pad_id(prm.tokenizer)
     results: list[StepScores | None] = [None] * len(token_ids)
     was_training = prm.training
     prm.eval()
     lengths = [len(t) for t in token_ids]
     packed = pack and getattr(prm, "_betaprm_packing", True) and batch_size is None
     if packed:
-        from .data.dataset import fill_batches
-
         # Longest first, each batch filled to the budget of packed positions.
         batches = fill_batches(sorted(range(len(lengths)), key=lambda i: -lengths[i]), lengths, max_batch_tokens, True)
     else:
@@ -171,9 +118,9 @@ def score_token_ids(
         with torch.inference_mode():
             for batch in batches:
                 seqs = [token_ids[i] for i in batch]
-                scores = _packed_forward(prm, seqs, pad) if packed else None
+                scores = packed_forward(prm, seqs, pad) if packed else None
                 if scores is None:
-                    scores = _padded_forward(prm, seqs, pad)
+                    scores = padded_forward(prm, seqs, pad)
                 for i, sc in zip(batch, scores):
                     results[i] = sc
                 if progress is not None:
@@ -205,8 +152,6 @@ def score_traces(
     image's token count is known only after the processor has run.
     """
     if getattr(prm, "processor", None) is not None:
-        from .vision import score_multimodal
-
         return score_multimodal(prm, traces, batch_size=batch_size or 8, progress=progress)
     if any(len(t) > 2 and t[2] for t in traces):
         raise BetaPRMInputError("traces with images need a vision-language BetaPRM; this one is text-only")
@@ -216,10 +161,8 @@ def score_traces(
 
 
 # ---------------------------------------------------------------------- files
-def _pool_images(record: dict, input_path) -> list[str]:
+def pool_images(record: dict, input_path) -> list[str]:
     """A pool's image paths, relative ones resolved against the pool file's folder."""
-    from pathlib import Path
-
     imgs = record.get("images") or (
         [record["image"]] if isinstance(record.get("image"), str) else record.get("image") or []
     )
@@ -247,12 +190,7 @@ def score_pool_file(
     ``truncate="steps"`` a candidate longer than the model's positions is scored on the
     whole steps that fit and carries ``steps_scored`` (the length of its score lists).
     """
-    from pathlib import Path
-
     from tqdm.auto import tqdm
-
-    from .data.records import read_records
-    from .provenance import json_line
 
     loaded = read_records(
         input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects, flag="--input"
@@ -279,7 +217,7 @@ def score_pool_file(
                 n += len(todo[end]["candidates"])
                 end += 1
             pools = todo[start:end]
-            traces = [(r["question"], c["steps"], _pool_images(r, input_path)) for r in pools for c in r["candidates"]]
+            traces = [(r["question"], c["steps"], pool_images(r, input_path)) for r in pools for c in r["candidates"]]
             if getattr(prm, "processor", None) is None:
                 if any(t[2] for t in traces):
                     raise BetaPRMInputError(

@@ -38,9 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .aca import final_selector_problems
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
 from .options import opt as _f
+from .provenance import completed_ids, json_line, records_in_order
 from .selection import METHODS, candidate_scores
 from .types import StepScores, Task
 
@@ -65,7 +67,9 @@ class SearchConfig:
         "being extended, as ACA repairs from its cut point",
     )
     p_bad: float = _f(0.3, "repair: the threshold of a wrong-looking step")
-    final: str = _f("last", "selector of the final answer among finished beams: last, mean, min, prod, lin, rb")
+    final: str = _f(
+        "last", f"selector of the final answer among finished beams: {', '.join(METHODS)} (betaprm.selection)"
+    )
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (required for final rb)")
     seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id, round and beam)")
@@ -80,10 +84,7 @@ class SearchConfig:
             bad.append(f"n ({self.n}) must be a positive multiple of width ({self.width})")
         if self.max_rounds < 1:
             bad.append(f"max_rounds must be >= 1, got {self.max_rounds}")
-        if self.final not in METHODS:
-            bad.append(f"final must be one of {', '.join(METHODS)}, got {self.final!r}")
-        if self.final == "rb" and self.final_tau is None:
-            bad.append("final 'rb' needs final_tau (S_RB's sigma threshold, tuned on validation pools)")
+        bad += final_selector_problems(self.final, self.final_tau)
         if bad:
             raise BetaPRMInputError("bad search configuration: " + "; ".join(bad))
 
@@ -221,8 +222,6 @@ def run_search(
     ``out``: a JSONL file each finished problem appends its record to; a rerun skips the
     problems already there (requests carry seeds derived from the problem, round and beam,
     so a resumed run draws what an uninterrupted one would)."""
-    from .provenance import completed_ids, json_line, records_in_order
-
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise BetaPRMInputError("search tasks need unique ids")

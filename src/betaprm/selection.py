@@ -37,6 +37,7 @@ __all__ = [
     "TuneResult",
     "candidate_scores",
     "majority_vote",
+    "method_problems",
     "select",
     "sigma_threshold",
     "tune",
@@ -46,6 +47,16 @@ __all__ = [
 PAPER_LAMBDAS = (0.2, 0.5, 0.7, 1.0, 1.5)
 PAPER_QS = (0.7, 0.8, 0.9)
 METHODS = ("mean", "min", "last", "prod", "lin", "rb")
+
+
+def method_problems(method: str, tau: float | None, flag: str, tau_flag: str = "--tau") -> list[str]:
+    """What is wrong with selecting by ``method`` (given as ``flag``): a name outside
+    ``METHODS``, or S_RB (``rb``) without its sigma threshold ``tau``; empty when fine."""
+    if method not in METHODS:
+        return [f"{flag} must be one of {', '.join(METHODS)}, got {method!r}"]
+    if method == "rb" and tau is None:
+        return [f"{flag} rb needs {tau_flag} (S_RB's sigma threshold)"]
+    return []
 
 
 def _one(s: StepScores, method: str, lam: float, tau: float | None) -> float:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import math
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 # At module level: FastAPI reads the handlers' annotations (``Request``) from here.
@@ -57,13 +58,13 @@ from fastapi import Request
 from .chat import reward_reader, reward_traces
 from .errors import BetaPRMInputError
 from .formatting import encode_traces
-from .scoring import DEFAULT_MAX_BATCH_TOKENS, max_positions, score_token_ids
+from .scoring import max_positions, score_token_ids
 from .selection import METHODS, candidate_scores
 from .serve_requests import (
-    DEFAULT_MAX_IMAGE_PIXELS,
     MAX_LAM,
     Guard,
     RequestError,
+    ServeOptions,
     longest_token_chars,
     number_field,
     parse_json,
@@ -72,6 +73,7 @@ from .serve_requests import (
     trace_chars,
 )
 from .types import StepScores
+from .vision import score_multimodal
 
 __all__ = ["ServeSettings", "create_app", "trace_scores"]
 
@@ -80,23 +82,16 @@ TOKENIZER_THREADS = 2
 
 
 @dataclass
-class ServeSettings:
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
-    max_wait_ms: float = 5.0
-    max_items: int = 256
-    max_request_bytes: int = 16 * 2**20
-    lam: float = 0.5
-    tau: float | None = None
-    aggregate: str = "mean"
-    step_separator: str = "\n\n"
+class ServeSettings(ServeOptions):
+    """Everything ``create_app`` needs: the shared options and what the command resolved
+    (the key's value, the model's name and kind, the policy's tokenizer, the Host names)."""
+
     api_key: str | None = None
     model_name: str = "betaprm"  # shown by /v1/models: a name, never a file path
     model_kind: str = "beta"  # betaprm.model.model_kind: beta, standard or zero-shot; shown by /v1/models
     # /get_reward: the policy's tokenizer (a folder or hub name, or a tokenizer object) whose
     # chat template rendered the prompts; None: the PRM's tokenizer's template.
     policy_tokenizer: object | None = None
-    # /get_reward: accept a request without "prompts" (read both parts from the query).
-    allow_no_prompts: bool = False
     trust_remote_code: bool = False  # for loading policy_tokenizer
     # Host header values accepted ("name" any port, "name:port" that port; "*" any host);
     # None: the loopback names with the port (default_allowed_hosts).
@@ -104,7 +99,6 @@ class ServeSettings:
     port: int = 8000  # for the default allowed_hosts
     # Characters one token can stand for at most; None: from the tokenizer's longest token.
     max_chars_per_token: int | None = None
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # per image, checked before it is decoded
 
 
 def trace_scores(s: StepScores, lam: float, tau: float | None) -> dict:
@@ -170,8 +164,6 @@ class _Batcher:
     def _score(self, batch) -> list:
         """StepScores per item: token ids, or a vision-language trace."""
         if self.prm.processor is not None:  # vision-language: batches of traces, images decoded
-            from .vision import score_multimodal
-
             return score_multimodal(self.prm, [t for t, _, _ in batch])
         return score_token_ids(self.prm, [t for t, _, _ in batch], max_batch_tokens=self.settings.max_batch_tokens)
 
@@ -224,16 +216,13 @@ class _Batcher:
 
 def create_app(prm, settings: ServeSettings | None = None):
     """The FastAPI app serving ``prm`` (see the module docstring)."""
-    from contextlib import asynccontextmanager
-
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
     settings = settings or ServeSettings()
-    if settings.aggregate not in METHODS:
-        raise BetaPRMInputError(f"--aggregate must be one of {', '.join(METHODS)}, got {settings.aggregate!r}")
-    if settings.aggregate == "rb" and settings.tau is None:
-        raise BetaPRMInputError("--aggregate rb needs --tau (S_RB's sigma threshold)")
+    bad = settings.option_problems()
+    if bad:
+        raise BetaPRMInputError("; ".join(bad))
     batcher = _Batcher(prm.eval(), settings)
     reader = reward_reader(prm, settings)
     vision = prm.processor is not None  # images come as data URLs in /v1/score

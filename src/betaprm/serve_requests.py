@@ -6,18 +6,71 @@ wrapper), and the JSON body, its text, numbers and images (``parse_json``, ``par
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import math
 import re
+from dataclasses import dataclass
 
 from .image_files import ImageRefused, decode_image
+from .options import DEFAULT_MAX_BATCH_TOKENS
+from .options import opt as _f
+from .selection import METHODS, method_problems
 
 MAX_LAM = 100.0
 """|lam| at most: S_lin and S_RB weigh sigma (at most 0.5) and a fraction against mu in [0, 1]."""
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 """Pixels of one image at most, checked before it is decoded."""
+
+
+@dataclass
+class ServeOptions:
+    """How the reward server batches and what it accepts: the settings ``betaprm serve``
+    takes as flags and ``serve.ServeSettings`` holds, declared once."""
+
+    max_batch_tokens: int = _f(
+        DEFAULT_MAX_BATCH_TOKENS, "tokens per scoring batch (requests arriving together are scored together)"
+    )
+    max_wait_ms: float = _f(5.0, "how long the first queued trace waits for others to join its batch")
+    max_items: int = _f(256, "traces per request at most (413 above)")
+    max_request_bytes: int = _f(16 * 2**20, "request body size at most, in bytes (413 above)")
+    max_image_pixels: int = _f(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        "pixels per image at most, checked before decoding (vision-language models; 400 above)",
+    )
+    lam: float = _f(0.5, "lambda of S_lin and S_RB (a request may give its own 'lam')")
+    tau: float | None = _f(
+        None, "S_RB's sigma threshold (a request may give its own 'tau'); without it S_RB is not computed"
+    )
+    aggregate: str = _f(
+        "mean",
+        f"/get_reward's reward, a selector's trace score: {', '.join(METHODS)} (betaprm.selection; rb needs --tau)",
+    )
+    step_separator: str = _f("\n\n", "/get_reward: the text between two steps of a response")
+    allow_no_prompts: bool = _f(
+        False,
+        "/get_reward: accept requests without 'prompts', reading the question and the response from the "
+        "chat-templated query alone (the response starts after the template's last generation prompt)",
+    )
+
+    def option_problems(self) -> list[str]:
+        """Every setting out of range, worded with its flag; empty when all are fine."""
+        bad = []
+        if min(self.max_batch_tokens, self.max_items, self.max_request_bytes, self.max_image_pixels) < 1:
+            bad.append("--max-batch-tokens, --max-items, --max-request-bytes and --max-image-pixels must be >= 1")
+        if not (math.isfinite(self.lam) and abs(self.lam) <= MAX_LAM):
+            bad.append(f"--lam must be a number in [-{MAX_LAM:g}, {MAX_LAM:g}], got {self.lam}")
+        if self.tau is not None and not (math.isfinite(self.tau) and self.tau >= 0):
+            bad.append(f"--tau must be a number >= 0 (a sigma threshold), got {self.tau}")
+        if not (math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0):
+            bad.append(f"--max-wait-ms must be a number >= 0, got {self.max_wait_ms}")
+        bad += method_problems(self.aggregate, self.tau, "--aggregate")
+        if not self.step_separator:
+            bad.append("--step-separator must not be empty")
+        return bad
 
 
 def default_allowed_hosts(port: int) -> tuple[str, ...]:
@@ -100,9 +153,6 @@ MAX_IMAGES = 16
 def image_from_url(url, where: str, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
     """A ``data:image/...;base64,`` URL as an RGB PIL image (the server reads no files or
     URLs), checked by ``image_files.decode_image`` (pixel cap before decoding, bombs refused)."""
-    import base64
-    import binascii
-
     if not isinstance(url, str) or not url.startswith("data:image/") or ";base64," not in url:
         raise RequestError(400, f"{where}: an image must be a data URL, 'data:image/png;base64,...'")
     try:

@@ -7,7 +7,9 @@ real backbones take can run on a laptop CPU in seconds.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 __all__ = ["tiny_causal_lm", "train_bytelevel_tokenizer", "word_tokenizer"]
 
@@ -209,9 +211,6 @@ def tiny_vlm(kind: str = "qwen2_5_vl", texts: Iterable[str] = (), seed: int = 0)
 def save_vlm_dir(model, processor, path) -> None:
     """Write a tiny vision-language model as a checkpoint directory the way real ones
     look: weights, tokenizer, image processor and ``processor_config.json``."""
-    import json
-    from pathlib import Path
-
     from .vision import processor_kwargs
 
     path = Path(path)

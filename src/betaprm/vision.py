@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ._batching import _autocast, split_by_trace
+from .batching import autocast, split_by_trace
 from .errors import BetaPRMInputError
+from .formatting import check_markers, format_trace
 
 VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.")  # the vision encoders
 PROCESSOR_SETTINGS = ("image_seq_length",)  # processor attributes that are not its parts
@@ -120,8 +121,6 @@ def encode_multimodal(prm, traces: Sequence[tuple], images=None) -> dict:
     """Processor inputs for ``(question, steps[, image paths])`` traces, one batch:
     ``input_ids``, ``attention_mask`` (right padding), ``pixel_values`` and, for Qwen2-VL
     models, ``image_grid_thw``. Every trace is checked to hold one marker run per step."""
-    from .formatting import check_markers, format_trace
-
     proc = prm.processor
     fmt = prm.config.trace_format
     ph = image_placeholder(proc)
@@ -164,7 +163,7 @@ def score_multimodal(prm, traces: Sequence[tuple], batch_size: int = 8, progress
         for b in range(0, len(traces), batch_size):
             chunk = traces[b : b + batch_size]
             enc = {k: v.to(prm.device) for k, v in encode_multimodal(prm, chunk).items()}
-            with torch.inference_mode(), _autocast(prm.device):
+            with torch.inference_mode(), autocast(prm.device):
                 res = prm(**enc)
                 out.extend(split_by_trace(res, len(chunk)))
             if progress is not None:

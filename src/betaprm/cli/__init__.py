@@ -8,6 +8,7 @@ import sys
 
 from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
+from ..provenance import version
 from . import aca, convert, demo, eval_bon, eval_calibration, eval_steps, label, score, search, serve, train, validate
 
 COMMANDS = {
@@ -27,8 +28,6 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..model import _version
-
     parser = argparse.ArgumentParser(
         prog="betaprm",
         description=(
@@ -37,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
             "trace, continued from there, ends correct."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"betaprm {_version()}")
+    parser.add_argument("--version", action="version", version=f"betaprm {version()}")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for input errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 
-from ..generation.factory import BackendOptions
+from ..aca import ACAConfig, ACASettings, best_of_n_curve, final_selector_problems, run_aca, summarize
+from ..data.records import read_objects
+from ..errors import BetaPRMInputError
+from ..evaluation import plots
 from ..options import opt as _f
-from ._problems import NOT_RESULTS, ProblemOptions, run_with_output, setup, summary_line
-from ._scoring import BatchOptions
+from ..synth.experiment import tune_rb_on_world
+from .flags import add_config_args, config_from_args
+from .problems import NOT_RESULTS, GenerationOptions, ProblemOptions, run_with_output, setup, summary_line
+from .scoring_options import BatchOptions
+
+# --variant: the paper's ablations, each what it runs.
+VARIANTS = {
+    "aca": "ACA with the learned uncertainty (BetaPRM), final choice by S_RB",
+    "no-early-stop": "always spend the budget, still repairing uncertain prefixes",
+    "reward-only": "sigma = 0 (for a standard PRM): the stopping test is a score margin",
+    "proxy": "sigma = sqrt(mu(1-mu)) (for a standard PRM)",
+    "best-of-n": "all --budget candidates at once (the baseline)",
+}
 
 HELP = "Adaptive Computation Allocation: Best-of-N that stops early and repairs uncertain prefixes"
-DESCRIPTION = """Run ACA (paper section 5) with a trained PRM as the scorer.
+DESCRIPTION = (
+    """Run ACA (paper section 5) with a trained PRM as the scorer.
 
 Problems: the chain-arithmetic world's test split by default (the split `betaprm demo
 --seed S` uses; answers checked exactly), or --problems FILE.jsonl with id, question and
@@ -23,32 +39,22 @@ generated tokens, the candidates with their scores); rerunning the same command 
 problems already there. OUT.meta.json records the settings that made the records (a rerun
 with other settings stops and names them); OUT.lock keeps a second process out of --out.
 --variant picks the paper's ablations:
-  aca            ACA with the learned uncertainty (BetaPRM), final choice by S_RB
-  no-early-stop  always spend the budget, still repairing uncertain prefixes
-  reward-only    sigma = 0 (for a standard PRM): the stopping test is a score margin
-  proxy          sigma = sqrt(mu(1-mu)) (for a standard PRM)
-  best-of-n      all --budget candidates at once (the baseline)
-S_RB needs its sigma threshold: --final-tau, or, on the chain-arithmetic world, tuned on
+"""
+    + "".join(f"  {name:<15}{what}\n" for name, what in VARIANTS.items())
+    + """S_RB needs its sigma threshold: --final-tau, or, on the chain-arithmetic world, tuned on
 its validation split when not given (--final rb); on a problems file without --final-tau
 the final choice falls back to S_lin and says so."""
-
-VARIANTS = ("aca", "no-early-stop", "reward-only", "proxy", "best-of-n")
+)
 
 
 @dataclass
-class ACACommandConfig(ProblemOptions, BatchOptions, BackendOptions):
-    variant: str = _f("aca", "aca, no-early-stop, reward-only, proxy or best-of-n (see above)")
-    n0: int = _f(4, "candidates sampled from scratch first")
-    m: int = _f(4, "candidates per later batch")
-    budget: int = _f(16, "candidates per problem at most")
-    lam: float = _f(0.5, "lambda of the stopping test's S_lin")
-    c_stop: float = _f(0.3, "stopping test: S +- c_stop * mean(sigma)")
-    c_cut: float = _f(1.0, "cut point: earliest step with mu - c_cut*sigma < p_bad")
-    p_bad: float = _f(0.3, "cut point threshold")
-    stop_margin: float = _f(0.0, "stop only when LCB(best) - max UCB(rivals) exceeds this")
-    final: str = _f("rb", "final selector: rb, lin, mean, min, last, prod")
+class ACACommandConfig(ProblemOptions, ACASettings, BatchOptions, GenerationOptions):
+    """``betaprm aca``'s flags: ACA's settings (``ACASettings``; ``--variant`` sets which of
+    its mechanisms run), the problems, the PRM's batching and the generator."""
+
     final_lam: float | None = _f(None, "lambda of the final selector (default: tuned with tau, else 0.5)")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (default: tuned on the world's validation split)")
+    variant: str = _f("aca", f"{', '.join(VARIANTS)} (see above)")
     write_candidates: bool = _f(True, "keep every candidate's steps and scores in the records")
     plots: str | None = _f(None, "write aca_tokens.png (accuracy against generated tokens) into this folder")
     baseline: str | None = _f(
@@ -56,55 +62,37 @@ class ACACommandConfig(ProblemOptions, BatchOptions, BackendOptions):
     )
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-
         bad = self.problem_checks()
         if self.variant not in VARIANTS:
             bad.append(f"--variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        # S_RB without --final-tau is tuned (or falls back to S_lin) when the run starts.
+        bad += final_selector_problems(self.final, self.final_tau, tau_required=False)
         if bad:
             raise BetaPRMInputError("bad aca configuration:\n  " + "\n  ".join(bad))
 
-    def aca_config(self, final_lam: float, final_tau: float | None):
-        from ..aca import ACAConfig
-
-        common = dict(
-            lam=self.lam,
-            c_stop=self.c_stop,
-            c_cut=self.c_cut,
-            p_bad=self.p_bad,
-            stop_margin=self.stop_margin,
-            final=self.final,
-            final_lam=final_lam,
-            final_tau=final_tau,
-            seed=self.seed,
-        )
+    def aca_config(self, final_lam: float, final_tau: float | None) -> ACAConfig:
+        """The ``ACAConfig`` of this run's variant, with the final selector's lambda and tau."""
+        settings = {f.name: getattr(self, f.name) for f in fields(ACASettings)}
+        settings.update(final_lam=final_lam, final_tau=final_tau)
         if self.variant == "best-of-n":
-            return ACAConfig.best_of_n(budget=self.budget, **common)
+            del settings["n0"]
+            return ACAConfig.best_of_n(**settings)
         return ACAConfig(
-            n0=self.n0,
-            m=self.m,
-            budget=self.budget,
+            **settings,
             early_stop=self.variant != "no-early-stop",
             uncertainty={"reward-only": "none", "proxy": "proxy"}.get(self.variant, "learned"),
-            **common,
         )
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, ACACommandConfig)
 
 
 def run(args):
-    from ._config import config_from_args
-
     return run_with_output(config_from_args(ACACommandConfig, args), _run, NOT_RESULTS | {"plots", "baseline"})
 
 
 def _run(cfg):
-    from ..aca import run_aca, summarize, tune_rb_on_world
-
     r = setup(cfg)
     final_lam, final_tau = cfg.final_lam, cfg.final_tau
     if cfg.final == "rb" and final_tau is None and r.world is not None:
@@ -141,15 +129,8 @@ def _run(cfg):
 def _plot(cfg, records, s, final_lam, final_tau):
     """This run as a point on accuracy against tokens, over the Best-of-n curve of a
     best-of-n run's records (its first n candidates, the same final selector)."""
-    from pathlib import Path
-
-    from ..aca import best_of_n_curve
-    from ..evaluation import plots
-
     curve = {}
     if cfg.baseline:
-        from ..data.records import read_objects
-
         base = [
             r
             for _, r in read_objects(cfg.baseline, ("id",), "an ACA record of a --variant best-of-n run", "--baseline")

@@ -1,5 +1,11 @@
 """betaprm convert"""
 
+from pathlib import Path
+
+from ..data.convert import FORMATS, ConvertOptions, convert_file
+from ..errors import BetaPRMInputError
+from ..provenance import check_paths
+
 HELP = "convert public PRM data (VisualPRM raw, Math-Shepherd, PRM800K, TRL) to betaprm records"
 DESCRIPTION = """Convert a public PRM data file to betaprm's record format, keeping the counts.
 
@@ -27,8 +33,6 @@ rejects file with their reasons."""
 
 
 def add_arguments(parser):
-    from ..data.convert import FORMATS
-
     parser.add_argument("--from", dest="fmt", required=True, choices=FORMATS, help="the input format")
     parser.add_argument(
         "--input",
@@ -65,12 +69,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    from pathlib import Path
-
-    from ..data.convert import ConvertOptions, convert_file
-    from ..errors import BetaPRMInputError
-    from ..provenance import check_paths
-
     if args.soft_n is not None and not 1 <= args.soft_n <= 2**24:
         raise BetaPRMInputError(
             f"--soft-n must be in [1, 16777216] (counts are exact in float32 up to 2**24), got {args.soft_n}"

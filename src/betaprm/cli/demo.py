@@ -1,6 +1,7 @@
 """betaprm demo"""
 
-from ._config import add_config_args, config_from_args
+from ..synth.recipe import DemoConfig
+from .flags import add_config_args, config_from_args
 
 HELP = "the paper's Best-of-N and calibration tables in a world with exact ground truth (CPU)"
 DESCRIPTION = """Run the whole pipeline in the chain-arithmetic world, where the true success
@@ -11,19 +12,17 @@ fine-tunes a standard PRM (soft-ce) and a BetaPRM (beta-binomial) with the same 
 scores Best-of-16 pools, tunes selectors on validation, and prints the Best-of-N,
 verification and calibration tables. Writes results.json and PNG plots to --out.
 The two PRMs train at the same time (two processes) unless --no-parallel-prms. --quick is a
-small run with the same steps; --long is the recipe that also learns the mod-5 half of the
-step check (meant for a GPU: --device cuda). Flags given
+small run with the same steps; --long is the larger recipe (wider backbone MLP, more PRM
+steps, the whole backbone fine-tuned), meant for a GPU (--device cuda). Flags given
 explicitly win over --quick and --long."""
 
 
 def add_arguments(parser):
-    from ..demo import DemoConfig
-
     add_config_args(parser, DemoConfig)
 
 
 def run(args):
-    from ..demo import DemoConfig, run_demo
+    from ..demo import run_demo  # torch, transformers: loaded when the demo runs, not for --help
 
     run_demo(config_from_args(DemoConfig, args))
     return 0

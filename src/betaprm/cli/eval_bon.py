@@ -7,8 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..answers import AnswerChecker, LLMJudge, final_answer
+from ..data.records import read_records
+from ..errors import BetaPRMInputError
+from ..evaluation import plots
+from ..evaluation.bon import SELECTORS, BonPool, NoTestProblems, check_pools, evaluate_pools, split_problems
+from ..generation.factory import api_key_problems, read_api_key
 from ..options import opt as _f
-from ._scoring import ScoringOptions
+from ..provenance import check_paths, fingerprint, model_fingerprint, rejects_path, settings_of, write_result
+from .flags import add_config_args, config_from_args
+from .scoring_options import ScoringOptions
 
 HELP = "Best-of-N accuracy of every selector on candidate-pool files (one per benchmark)"
 DESCRIPTION = """Best-of-N evaluation, the protocol of the paper's table 1.
@@ -56,9 +64,6 @@ class EvalBonConfig(ScoringOptions):
     )
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-        from ..generation.factory import api_key_problems
-
         bad = []
         if not self.pools:
             bad.append("--pools is required (comma-separated pool files)")
@@ -79,8 +84,6 @@ class EvalBonConfig(ScoringOptions):
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, EvalBonConfig)
 
 
@@ -101,8 +104,6 @@ NOT_RESULTS = {
 
 
 def result_settings(cfg) -> dict:
-    from ..provenance import fingerprint, model_fingerprint, settings_of
-
     pools = {p.strip(): fingerprint(p.strip()) for p in cfg.pools.split(",") if p.strip()}
     return {
         "model": model_fingerprint(cfg.model) if cfg.model else None,
@@ -112,15 +113,6 @@ def result_settings(cfg) -> dict:
 
 
 def run(args):
-    from ..answers import AnswerChecker, LLMJudge, final_answer
-    from ..data.records import read_records
-    from ..errors import BetaPRMInputError
-    from ..evaluation.bon import SELECTORS, NoTestProblems, check_pools, evaluate_pools
-    from ..evaluation.bon import _split as split_problems
-    from ..generation.factory import read_api_key
-    from ..provenance import check_paths, rejects_path, write_result
-    from ._config import config_from_args
-
     cfg = config_from_args(EvalBonConfig, args)
     paths = pool_paths(cfg)
     check_paths(
@@ -224,8 +216,6 @@ def run(args):
     if cfg.out:
         write_result(cfg.out, out, result_settings(cfg), {"model": cfg.model})
     if cfg.plots:
-        from ..evaluation import plots
-
         Path(cfg.plots).mkdir(parents=True, exist_ok=True)
         for p in paths:
             plots.best_of_n_curves(curves[Path(p).stem], plot_path(cfg, p))
@@ -233,8 +223,6 @@ def run(args):
 
 
 def _no_test_problems(cfg, path, n):
-    from ..errors import BetaPRMInputError
-
     return BetaPRMInputError(
         f"--pools {path}: all {n} problems fall in the validation split (--val-fraction {cfg.val_fraction}, --seed "
         f"{cfg.seed}), none is left to test on; fix: another --seed, a smaller --val-fraction, or more problems"
@@ -244,8 +232,6 @@ def _no_test_problems(cfg, path, n):
 def pool_paths(cfg) -> list[str]:
     """--pools as a list. Results are keyed by each file's stem (the benchmark's name), so
     two pools with one stem would keep one benchmark's results: refused, naming both."""
-    from ..errors import BetaPRMInputError
-
     paths, seen = [p.strip() for p in cfg.pools.split(",") if p.strip()], {}
     for p in paths:
         stem = Path(p).stem
@@ -273,10 +259,10 @@ def _load(cfg):
 
 def _score_in_place(prm, records, cfg, path):
 
-    from ..scoring import _pool_images, with_scores
+    from ..scoring import pool_images, with_scores
 
     if prm.is_vision:
-        traces = [(r["question"], c["steps"], _pool_images(r, path)) for r in records for c in r["candidates"]]
+        traces = [(r["question"], c["steps"], pool_images(r, path)) for r in records for c in r["candidates"]]
     else:
         traces = [(r["question"], c["steps"]) for r in records for c in r["candidates"]]
     names = [f"{path}: record {r['id']!r} candidate {j}" for r in records for j in range(len(r["candidates"]))]
@@ -288,8 +274,6 @@ def _score_in_place(prm, records, cfg, path):
 
 def _curve(pools, res, cfg):
     """Test accuracy of a few selectors on the first n candidates, n = 1..N."""
-    from ..evaluation.bon import BonPool, evaluate_pools
-
     n_max = min(len(p.answers) for p in pools)
     out = {}
     for n in range(1, n_max + 1):

@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.records import read_records
+from ..errors import BetaPRMInputError
+from ..evaluation import plots
+from ..evaluation.calibration import evaluate_counts, flat_counts, table
 from ..options import opt as _f
-from ._scoring import ScoringOptions, check_eval_outputs, write_evaluation
+from .flags import add_config_args, config_from_args
+from .scoring_options import ScoringOptions, check_eval_outputs, write_evaluation
 
 HELP = "does the PRM's belief predict held-out Monte Carlo counts? (NLL, ECE, Brier, interval coverage, plots)"
 DESCRIPTION = """Calibration on held-out count records (K of N per step, the training format).
@@ -33,8 +38,6 @@ class EvalCalibrationConfig(ScoringOptions):
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-
         bad = [f"--{k} is required" for k in ("model", "data") if not getattr(self, k)]
         if self.bins < 1:
             bad.append(f"--bins must be >= 1, got {self.bins}")
@@ -44,19 +47,13 @@ class EvalCalibrationConfig(ScoringOptions):
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, EvalCalibrationConfig)
 
 
 def run(args):
     import torch
 
-    from ..data.records import read_records
-    from ..errors import BetaPRMInputError
-    from ..evaluation.calibration import evaluate_counts, flat_counts, table
     from ..model import load_prm
-    from ._config import config_from_args
 
     cfg = config_from_args(EvalCalibrationConfig, args)
     check_eval_outputs(cfg, ("reliability.png", "sigma_error.png"))
@@ -81,8 +78,6 @@ def run(args):
     if cfg.out:
         write_evaluation(cfg, res)
     if cfg.plots:
-        from ..evaluation import plots
-
         out = Path(cfg.plots)
         out.mkdir(parents=True, exist_ok=True)
         plots.reliability_diagram({name: (mu, k / n)}, out / "reliability.png", bins=cfg.bins)

@@ -5,8 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.sources import iter_splits
+from ..errors import BetaPRMInputError
+from ..evaluation import plots, prmbench, processbench
+from ..evaluation.prmbench import CATEGORIES, CORRECT, describe_irregular, evaluate_prmbench, read_prmbench
+from ..evaluation.processbench import evaluate_processbench, read_processbench
+from ..evaluation.steps import evaluate_steps, f1_scores, read_visualprocessbench
 from ..options import opt as _f
-from ._scoring import ScoringOptions, check_eval_outputs, write_evaluation
+from .flags import add_config_args, config_from_args
+from .scoring_options import ScoringOptions, check_eval_outputs, write_evaluation
 
 HELP = "step-level error detection: VisualProcessBench, ProcessBench, PRMBench (F1, in each benchmark's own layout)"
 DESCRIPTION = """Step-level error detection on three benchmarks' formats (--format, detected by default).
@@ -78,8 +85,6 @@ class EvalStepsConfig(ScoringOptions):
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-
         bad = [f"--{k} is required" for k in ("model", "data") if not getattr(self, k)]
         if self.score not in ("auto", "mu", "mu-sigma"):
             bad.append(f"--score must be auto, mu or mu-sigma, got {self.score!r}")
@@ -100,16 +105,11 @@ class EvalStepsConfig(ScoringOptions):
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, EvalStepsConfig)
 
 
 def detect_format(spec) -> str:
     """The benchmark format from the first record's fields."""
-    from ..data.sources import iter_splits
-    from ..errors import BetaPRMInputError
-
     for _, rows in iter_splits(spec, "--data"):
         for line, obj, problem, _ in rows:
             if problem is not None:
@@ -132,9 +132,7 @@ def detect_format(spec) -> str:
 def run(args):
     import torch
 
-    from ..errors import BetaPRMInputError
     from ..model import load_prm
-    from ._config import config_from_args
 
     cfg = config_from_args(EvalStepsConfig, args)
     check_eval_outputs(cfg, ("reliability.png", "f1_threshold.png"))
@@ -190,21 +188,14 @@ def run(args):
 
 def _read(fmt, data):
     if fmt == "processbench":
-        from ..evaluation.processbench import read_processbench
-
         return read_processbench(data)
     if fmt == "prmbench":
-        from ..evaluation.prmbench import read_prmbench
-
         return read_prmbench(data)
-    from ..evaluation.steps import read_visualprocessbench
 
     return read_visualprocessbench(data)
 
 
 def _processbench(cfg, items, step_scores, threshold) -> dict:
-    from ..evaluation.processbench import evaluate_processbench, table
-
     res = evaluate_processbench(
         items, step_scores, threshold if threshold == "val" else float(threshold), cfg.val_fraction, cfg.seed
     )
@@ -214,7 +205,7 @@ def _processbench(cfg, items, step_scores, threshold) -> dict:
         else "fixed"
     )
     print(f"threshold {res['threshold']:.4f} ({where}); a step is correct when its score is above it")
-    print(table(res))
+    print(processbench.table(res))
     cut = sum(m["n_truncated"] for m in res["subsets"].values())
     undecided = sum(m["n_undecided"] for m in res["subsets"].values())
     print(
@@ -231,12 +222,10 @@ def _processbench(cfg, items, step_scores, threshold) -> dict:
 
 
 def _prmbench(items, step_scores, threshold) -> dict:
-    from ..evaluation.prmbench import CATEGORIES, CORRECT, describe_irregular, evaluate_prmbench, table
-
     res = evaluate_prmbench(items, step_scores, float(threshold))
     print(f"threshold {res['threshold']:.4f}; a step is positive (correct) when its score is above it")
     print("PRMScore (percent)")
-    print(table(res))
+    print(prmbench.table(res))
     print("\n| category | items | F1 | negative F1 | PRMScore |\n|---|---|---|---|---|")
     for c, m in res["categories"].items():
         name = f"{c} ({CATEGORIES[c].rstrip('.')})" if c in CATEGORIES else f"{c} (originals, not in overall)"
@@ -261,8 +250,6 @@ def _prmbench(items, step_scores, threshold) -> dict:
 
 
 def _visualprocessbench(cfg, items, step_scores) -> dict:
-    from ..evaluation.steps import evaluate_steps
-
     res = evaluate_steps(items, step_scores, cfg.val_fraction, cfg.seed)
     width = max([len("overall (micro-F1)")] + [len(k) for k in res["per_source"]])
     print(f"threshold {res['threshold']:.4f} chosen on {res['n_val_items']} validation items")
@@ -282,9 +269,6 @@ def _visualprocessbench(cfg, items, step_scores) -> dict:
 
 def _plots(cfg, fmt, items, scores, step_scores, res):
     import numpy as np
-
-    from ..evaluation import plots
-    from ..evaluation.steps import f1_scores
 
     out = Path(cfg.plots)
     out.mkdir(parents=True, exist_ok=True)

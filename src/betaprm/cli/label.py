@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..generation.factory import RUNTIME_SETTINGS, BackendOptions
+from ..answers import AnswerChecker, final_answer
+from ..errors import BetaPRMInputError
+from ..generation.factory import RUNTIME_SETTINGS, build_generator
+from ..label import LabelItem, label_traces, read_traces
 from ..options import opt as _f
-from ..provenance import OutputOptions
+from ..provenance import OutputOptions, check_paths, fingerprint, open_output, settings_of
+from ..synth import SynthPolicy, World, WorldConfig, synth_answer, synth_is_correct
+from .flags import add_config_args, config_from_args
+from .problems import GenerationOptions
 
 HELP = "make Monte Carlo counts (K of N per step) for traces of any domain with reference answers"
 DESCRIPTION = """Label reasoning traces with Monte Carlo counts, so BetaPRM can be trained where
@@ -28,7 +35,7 @@ OUT.lock keeps a second process out of --out.
 
 
 @dataclass
-class LabelConfig(BackendOptions, OutputOptions):
+class LabelConfig(GenerationOptions, OutputOptions):
     input: str | None = _f(None, "JSONL traces to label (id, question, answer, steps or candidates)")
     out: str = _f("", "JSONL training records (appended; a rerun resumes)")
     failed: str | None = _f(None, "where traces whose answer checks all failed go (default: OUT.failed.jsonl)")
@@ -41,9 +48,7 @@ class LabelConfig(BackendOptions, OutputOptions):
     world_config: str | None = _f(None, "synth: chain-arithmetic world settings (JSON)")
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-
-        bad = self._check_backend()
+        bad = self.backend_problems()
         if not (math.isfinite(self.check_timeout) and self.check_timeout > 0):
             bad.append(f"--check-timeout must be a number of seconds > 0, got {self.check_timeout}")
         if not self.out:
@@ -62,8 +67,6 @@ class LabelConfig(BackendOptions, OutputOptions):
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, LabelConfig)
 
 
@@ -75,8 +78,6 @@ NOT_RESULTS = {"input", "out", "failed", "chunk", "n_problems", "policy", "world
 
 def result_settings(cfg) -> dict:
     """What makes --out's records: compared with OUT.meta.json when a run resumes."""
-    from ..provenance import fingerprint, settings_of
-
     return {
         "policy": fingerprint(cfg.policy) if cfg.policy else "",
         "world_config": fingerprint(cfg.world_config) if cfg.world_config else None,
@@ -85,9 +86,6 @@ def result_settings(cfg) -> dict:
 
 
 def run(args):
-    from ..provenance import check_paths, open_output
-    from ._config import config_from_args
-
     cfg = config_from_args(LabelConfig, args)
     check_paths(
         [("--input", cfg.input), ("--policy", cfg.policy), ("--world-config", cfg.world_config)],
@@ -104,20 +102,12 @@ def run(args):
 
 
 def failed_path(cfg) -> str:
-    from pathlib import Path
-
     return cfg.failed or str(Path(cfg.out).with_suffix("")) + ".failed.jsonl"
 
 
 def _run(cfg):
-
-    from ..generation.factory import build_generator
-    from ..label import LabelItem, label_traces, read_traces
-
     failed = failed_path(cfg)
     if cfg.backend == "synth":
-        from ..synth import SynthPolicy, World, WorldConfig, synth_answer
-
         world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig())
         sampler = SynthPolicy(world, seed=cfg.seed + 1)
         items = [
@@ -125,14 +115,12 @@ def _run(cfg):
             for p in world.sample_problems(cfg.n_problems, cfg.seed, "label")
             for j, t in enumerate(sampler.sample_traces(p, cfg.traces_per_problem))
         ]
-        generator = build_generator(cfg, world, seed=cfg.seed)
+        generator = build_generator(cfg, seed=cfg.seed, world=world)
         answer_of = synth_answer
 
         def check_many(pairs):
-            return [a is not None and int(a) == int(it.handle.answer) for it, a in pairs]
+            return [synth_is_correct(it, a) for it, a in pairs]
     else:
-        from ..answers import AnswerChecker, final_answer
-
         items = read_traces(cfg.input)
         generator = build_generator(cfg, seed=cfg.seed)
         checker = AnswerChecker(timeout=cfg.check_timeout)

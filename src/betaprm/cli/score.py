@@ -2,9 +2,12 @@
 
 from dataclasses import dataclass
 
+from ..errors import BetaPRMInputError
+from ..hub import resolve_model
 from ..options import opt
-from ..provenance import OutputOptions
-from ._scoring import ScoringOptions
+from ..provenance import OutputOptions, check_paths, model_fingerprint, open_output, rejects_path, settings_of
+from .flags import add_config_args, config_from_args
+from .scoring_options import ScoringOptions
 
 HELP = "add mu, kappa and sigma per step to every candidate of a pool file (resumable)"
 DESCRIPTION = """Score candidate pools with a trained BetaPRM.
@@ -54,8 +57,6 @@ class ScoreConfig(ScoringOptions, OutputOptions):
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-
         missing = [f"--{k}" for k in ("model", "input", "output") if not getattr(self, k)]
         if missing:
             raise BetaPRMInputError(f"{', '.join(missing)} required")
@@ -67,19 +68,14 @@ class ScoreConfig(ScoringOptions, OutputOptions):
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, ScoreConfig)
 
 
 def run(args):
     import torch
 
-    from ..hub import resolve_model
     from ..model import BetaPRM, model_kind, require_betaprm
-    from ..provenance import check_paths, model_fingerprint, open_output, rejects_path, settings_of
     from ..scoring import score_pool_file
-    from ._config import config_from_args
 
     cfg = config_from_args(ScoreConfig, args)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..generation.factory import BackendOptions
+from ..aca import summarize
+from ..errors import BetaPRMInputError
 from ..options import opt as _f
-from ..search import SearchConfig
-from ._problems import ProblemOptions, run_with_output, setup, summary_line
-from ._scoring import BatchOptions
+from ..search import SearchConfig, run_search
+from .flags import add_config_args, config_from_args
+from .problems import GenerationOptions, ProblemOptions, run_with_output, setup, summary_line
+from .scoring_options import BatchOptions
 
 HELP = "step-level beam search or DVTS guided by a PRM (optionally by its reliability)"
 DESCRIPTION = """Beam search or DVTS (diverse verifier tree search, as search-and-learn defines them) with a
@@ -28,12 +30,10 @@ problems already there. OUT.meta.json records the settings that made the records
 
 
 @dataclass
-class SearchCommandConfig(ProblemOptions, SearchConfig, BatchOptions, BackendOptions):
+class SearchCommandConfig(ProblemOptions, SearchConfig, BatchOptions, GenerationOptions):
     write_candidates: bool = _f(False, "keep every finished beam's steps and scores in the records")
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-
         bad = self.problem_checks()
         try:
             SearchConfig.__post_init__(self)
@@ -47,21 +47,14 @@ class SearchCommandConfig(ProblemOptions, SearchConfig, BatchOptions, BackendOpt
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, SearchCommandConfig)
 
 
 def run(args):
-    from ._config import config_from_args
-
     return run_with_output(config_from_args(SearchCommandConfig, args), _run)
 
 
 def _run(cfg):
-    from ..aca import summarize
-    from ..search import run_search
-
     r = setup(cfg)
     records = run_search(
         r.tasks,

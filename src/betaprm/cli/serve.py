@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 from dataclasses import dataclass
 
+from ..chat import load_policy_tokenizer
+from ..errors import BetaPRMInputError
+from ..generation.factory import api_key_problems, read_api_key
 from ..options import opt as _f
+from ..serve_requests import LOOPBACK, ServeOptions, default_allowed_hosts
+from .flags import add_config_args, config_from_args
 
 HELP = "serve a PRM over HTTP for RL and search loops (/v1/score, OpenRLHF's /get_reward), with dynamic batching"
 DESCRIPTION = """Serve a trained BetaPRM (or a plain causal LM, scored zero-shot) over HTTP.
@@ -36,7 +41,7 @@ names clients use with --allowed-hosts. POST bodies must be 'Content-Type: appli
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(ServeOptions):
     model: str = _f(
         "",
         "a BetaPRM (betaprm train output), or a plain causal LM scored zero-shot: a folder, or a hub name "
@@ -57,26 +62,10 @@ class ServeConfig:
         None, "the model's name in /v1/models; default the folder's base name, or the hub name as given"
     )
     device: str = _f("auto", "auto (cuda when present), cpu, cuda, ...")
-    max_batch_tokens: int = _f(16384, "tokens per scoring batch (requests arriving together are scored together)")
-    max_wait_ms: float = _f(5.0, "how long the first queued trace waits for others to join its batch")
-    max_items: int = _f(256, "traces per request at most (413 above)")
-    max_request_bytes: int = _f(16 * 2**20, "request body size at most, in bytes (413 above)")
-    max_image_pixels: int = _f(4096 * 4096, "pixels per image at most (vision-language models; 400 above)")
-    lam: float = _f(0.5, "lambda of S_lin and S_RB (a request may give its own 'lam')")
-    tau: float | None = _f(
-        None, "S_RB's sigma threshold (a request may give its own 'tau'); without it S_RB is not computed"
-    )
-    aggregate: str = _f("mean", "/get_reward's reward: mean, min, last, prod, lin or rb (rb needs --tau)")
-    step_separator: str = _f("\n\n", "/get_reward: the text between two steps of a response")
     policy_tokenizer: str | None = _f(
         None,
         "/get_reward: the policy's tokenizer (a folder or hub name, loaded with AutoTokenizer) whose chat template "
         "rendered OpenRLHF's prompts; without it the PRM's tokenizer's template is used",
-    )
-    allow_no_prompts: bool = _f(
-        False,
-        "/get_reward: accept requests without 'prompts', reading the question and the response from the "
-        "chat-templated query alone (the response starts after the template's last generation prompt)",
     )
     api_key_env: str | None = _f(
         None, "the NAME of an environment variable holding a key that clients must send as 'Authorization: Bearer KEY'"
@@ -84,22 +73,11 @@ class ServeConfig:
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        from ..errors import BetaPRMInputError
-        from ..generation.factory import api_key_problems
-        from ..selection import METHODS
-        from ..serve_requests import MAX_LAM
-
         bad = []
         if not self.model:
             bad.append("--model is required")
         if not 0 < self.port < 65536:
             bad.append(f"--port must be in 1..65535, got {self.port}")
-        if min(self.max_batch_tokens, self.max_items, self.max_request_bytes, self.max_image_pixels) < 1:
-            bad.append("--max-batch-tokens, --max-items, --max-request-bytes and --max-image-pixels must be >= 1")
-        if not (math.isfinite(self.lam) and abs(self.lam) <= MAX_LAM):
-            bad.append(f"--lam must be a number in [-{MAX_LAM:g}, {MAX_LAM:g}], got {self.lam}")
-        if self.tau is not None and not (math.isfinite(self.tau) and self.tau >= 0):
-            bad.append(f"--tau must be a number >= 0 (a sigma threshold), got {self.tau}")
         if self.allowed_hosts is not None and not self.hosts():
             bad.append("--allowed-hosts must name at least one host (or '*' for any)")
         elif self.allowed_hosts is None and self.host in WILDCARDS:
@@ -107,14 +85,7 @@ class ServeConfig:
                 f"--host {self.host or repr('')} answers on every address, so the Host names clients use are "
                 "unknown: list them with --allowed-hosts (e.g. 'rm-node:5000,10.0.0.5:5000'), or '*' to answer any"
             )
-        if not (math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0):
-            bad.append(f"--max-wait-ms must be a number >= 0, got {self.max_wait_ms}")
-        if self.aggregate not in METHODS:
-            bad.append(f"--aggregate must be one of {', '.join(METHODS)}, got {self.aggregate!r}")
-        elif self.aggregate == "rb" and self.tau is None:
-            bad.append("--aggregate rb needs --tau (S_RB's sigma threshold)")
-        if not self.step_separator:
-            bad.append("--step-separator must not be empty")
+        bad += self.option_problems()
         bad += api_key_problems(self.api_key_env)
         if bad:
             raise BetaPRMInputError("bad serve configuration: " + "; ".join(bad))
@@ -123,7 +94,6 @@ class ServeConfig:
         """The Host values the server answers (see --allowed-hosts)."""
         if self.allowed_hosts is not None:
             return tuple(h.strip() for h in self.allowed_hosts.split(",") if h.strip())
-        from ..serve_requests import LOOPBACK, default_allowed_hosts
 
         if self.host in LOOPBACK:
             return default_allowed_hosts(self.port)
@@ -142,15 +112,11 @@ WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def add_arguments(parser):
-    from ._config import add_config_args
-
     add_config_args(parser, ServeConfig)
 
 
 def run(args):
     import torch
-
-    from ..errors import BetaPRMInputError
 
     try:
         import uvicorn
@@ -160,10 +126,7 @@ def run(args):
         raise BetaPRMInputError(
             f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'"
         ) from None
-    from ..chat import load_policy_tokenizer
-    from ..generation.factory import read_api_key
     from ..model import load_prm
-    from ._config import config_from_args
 
     cfg = config_from_args(ServeConfig, args)
     # Before the model: a bad --policy-tokenizer stops at once.
@@ -172,23 +135,14 @@ def run(args):
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
     print(f"serving {cfg.model} ({kind}) on http://{cfg.host}:{cfg.port}", flush=True)
     settings = ServeSettings(
-        max_batch_tokens=cfg.max_batch_tokens,
-        max_wait_ms=cfg.max_wait_ms,
-        max_items=cfg.max_items,
-        lam=cfg.lam,
-        tau=cfg.tau,
-        aggregate=cfg.aggregate,
-        step_separator=cfg.step_separator,
+        **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ServeOptions)},
         api_key=read_api_key(cfg.api_key_env),
         model_name=cfg.model_name(),
         model_kind=kind,
         policy_tokenizer=policy,
-        allow_no_prompts=cfg.allow_no_prompts,
         trust_remote_code=cfg.trust_remote_code,
         allowed_hosts=cfg.hosts(),
         port=cfg.port,
-        max_request_bytes=cfg.max_request_bytes,
-        max_image_pixels=cfg.max_image_pixels,
     )
     app = create_app(prm, settings)
     # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops.

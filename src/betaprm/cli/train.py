@@ -1,6 +1,7 @@
 """betaprm train"""
 
-from ._config import add_config_args, config_from_args
+from ..train.config import TrainConfig
+from .flags import add_config_args, config_from_args
 
 HELP = "train a BetaPRM (beta-binomial) or a standard PRM (soft-ce, hard-ce) on counts records"
 DESCRIPTION = """Train a process reward model on Monte Carlo counts (K of N per step).
@@ -17,13 +18,11 @@ Interrupted runs continue with --resume-from-checkpoint last."""
 
 
 def add_arguments(parser):
-    from ..train import TrainConfig
-
     add_config_args(parser, TrainConfig)
 
 
 def run(args):
-    from ..train import TrainConfig, end_process_group, train
+    from ..train.run import end_process_group, train  # torch: loaded when the command runs, not for --help
 
     train(config_from_args(TrainConfig, args))
     end_process_group()

@@ -1,5 +1,7 @@
 """betaprm validate"""
 
+from ..data.records import validate_file
+
 HELP = "check a records file and report every problem (exit 0 when clean, 2 otherwise)"
 DESCRIPTION = """Check records (a JSONL file, or any source --data takes) without training on them.
 
@@ -25,8 +27,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    from ..data.records import validate_file
-
     res, report = validate_file(args.file, kind=args.kind, marker=args.marker)
     print(report)
     return 0 if res.n_rejected == 0 else 2

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
-from .records import Problem, validate_object, write_rejects
+from .jsonl import Problem
+from .records import validate_object, write_rejects
 from .sources import iter_rows
 
 FORMATS = ("visualprm-raw", "math-shepherd", "prm800k", "trl", "mc-prefix", "er-prm")

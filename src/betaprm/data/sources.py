@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import BetaPRMInputError
 from ..hub import looks_local
-from .records import Problem, iter_jsonl, load_json_file, open_input
+from .jsonl import Problem, iter_jsonl, load_json_file, open_input
 
 Row = tuple[int, Any, "Problem | None", "str | None"]
 LOADABLE = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -52,7 +52,7 @@ class NoTestProblems(ValueError):
     """Every problem fell in the validation split (too few problems for ``val_fraction``)."""
 
 
-def _split(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+def split_problems(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     val, test = [], []
     for i, p in enumerate(pools):
         h = zlib.crc32(f"{seed}/{p.question}".encode()) / 0xFFFFFFFF
@@ -62,7 +62,7 @@ def _split(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[li
 
 def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: int = 0) -> dict:
     """Per-selector accuracy on the test part, hyperparameters tuned on the validation part."""
-    val, test = _split(pools, val_fraction, seed)
+    val, test = split_problems(pools, val_fraction, seed)
     if not test:
         raise NoTestProblems("no test problems left after the validation split")
     scored = all(p.scores is not None for p in pools)

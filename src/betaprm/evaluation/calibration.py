@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .metrics import spearman
+from .tables import markdown_table
+
 LEVELS = (0.5, 0.9)
 
 
@@ -69,7 +72,6 @@ def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10) -> dict:
     from scipy.stats import betabinom, binom
 
     from ..beta import beta_binomial_nll
-    from .metrics import spearman
 
     mu, k, n = (np.asarray(x, dtype=np.float64) for x in (mu, k, n))
     rate = k / n
@@ -147,8 +149,6 @@ def flat_counts(records, scores) -> tuple[np.ndarray, ...]:
 
 def table(results: dict) -> str:
     """A markdown table of one or more models' results (name -> ``evaluate_counts`` output)."""
-    from .report import markdown_table
-
     names = list(results)
 
     def cell(name, get):

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data.records import read_objects, short_repr
+from ..data.sources import iter_splits
 from ..errors import BetaPRMInputError
 
 CATEGORIES = {
@@ -86,9 +88,6 @@ class PRMBenchItem:
 
 def read_prmbench(spec, flag: str = "--data") -> list[PRMBenchItem]:
     """The evaluated items of PRMBench records (see the module docstring), from any source."""
-    from ..data.records import read_objects, short_repr
-    from ..data.sources import iter_splits
-
     items, originals, seen = [], set(), set()
     for split, rows in iter_splits(spec, flag):
         name = f"{spec}:{split}" if split else str(spec)

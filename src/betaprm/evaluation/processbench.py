@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.records import read_objects, short_repr
+from ..data.sources import iter_splits
 from ..errors import BetaPRMInputError
 
 SUBSET_ORDER = ("gsm8k", "math", "olympiadbench", "omnimath")
@@ -61,9 +63,6 @@ def read_processbench(spec, flag: str = "--data") -> list[PBItem]:
     """ProcessBench records from any source (``data.sources``): a hub name or folder with
     the four splits (each split is a subset), or a file (the subset is the record's
     ``subset`` or ``source`` field, else the file's stem, e.g. ``gsm8k.json``)."""
-    from ..data.records import read_objects, short_repr
-    from ..data.sources import iter_splits
-
     items, seen = [], set()
     for split, rows in iter_splits(spec, flag):
         default = split or Path(str(spec)).stem

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.records import read_objects, short_repr
+from ..data.sources import base_dir, iter_rows
 from ..errors import BetaPRMInputError
 
 
@@ -41,9 +43,6 @@ def read_visualprocessbench(path, flag: str = "--data") -> list[BenchItem]:
     ``process_correctness``, ``data_source``, optional ``image`` (str or list) and ``id``.
     The first bad line raises with its line and field; ``flag`` is named when the file
     is missing."""
-    from ..data.records import read_objects, short_repr
-    from ..data.sources import base_dir, iter_rows
-
     items, root = [], base_dir(path)
     for i, (where, r) in enumerate(
         read_objects(

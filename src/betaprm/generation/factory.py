@@ -1,15 +1,47 @@
-"""Backend options shared by ``betaprm aca`` and ``betaprm label``, and the builder."""
+"""Backend options shared by ``betaprm aca``, ``search`` and ``label``, the backends by
+name, and the builder.
+
+The library's backends are ``transformers``, ``openai`` and ``vllm``; a layer above the
+library adds its own with ``register_backend`` (the demo registers its chain-arithmetic
+policy as ``synth`` when ``betaprm.synth`` is imported).
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import BetaPRMInputError
 from ..options import opt as _f
+from .openai import OpenAIGenerator
 from .text import Sampling, TextFormat
+from .vllm import VLLMGenerator
 
-BACKENDS = ("synth", "transformers", "openai", "vllm")
+
+@dataclass(frozen=True)
+class Backend:
+    """A generation backend: ``build(opts, seed=..., **context)`` returns its generator;
+    ``needs_policy``: it generates with the model ``opts.policy`` names."""
+
+    build: Callable
+    needs_policy: bool = True
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, build: Callable, needs_policy: bool = True) -> None:
+    """Make ``name`` a backend of ``BackendOptions`` and ``build_generator``:
+    ``build(opts, seed=..., **context)`` gets the options, the sampling seed and whatever
+    context the caller of ``build_generator`` passes on (a simulated policy's world, say)."""
+    _BACKENDS[name] = Backend(build, needs_policy)
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered backends, the library's first."""
+    return tuple(_BACKENDS)
 
 
 # Settings of how generation runs (where, and how fast), not of what it produces: left out of
@@ -27,13 +59,16 @@ RUNTIME_SETTINGS = frozenset(
 )
 
 
+BACKEND_HELP = (
+    "transformers (local model), openai (an OpenAI-compatible server: vLLM serve, SGLang, TGI, llama.cpp) or vllm "
+    "(offline engine, GPU)"
+)
+"""The help of ``--backend`` for the library's backends (a layer that registers more says so in its own)."""
+
+
 @dataclass
 class BackendOptions:
-    backend: str = _f(
-        "synth",
-        "synth (the chain-arithmetic policy), transformers (local model), openai (an OpenAI-compatible server: vLLM "
-        "serve, SGLang, TGI, llama.cpp) or vllm (offline engine, GPU)",
-    )
+    backend: str = _f("transformers", BACKEND_HELP)
     policy: str = _f("", "transformers/vllm: the policy model directory or hub id; openai: the served model name")
     base_url: str = _f("http://127.0.0.1:8000/v1", "openai: the server's base URL")
     endpoint: str = _f(
@@ -72,11 +107,12 @@ class BackendOptions:
     top_k: int = _f(30, "top-k sampling (0: off)")
     max_new_tokens: int = _f(2048, "generated tokens per completion at most")
 
-    def _check_backend(self) -> list[str]:
+    def backend_problems(self) -> list[str]:
+        """What is wrong with these options, as flag-named messages (nothing: an empty list)."""
         bad = []
-        if self.backend not in BACKENDS:
-            bad.append(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        elif self.backend != "synth" and not self.policy:
+        if self.backend not in _BACKENDS:
+            bad.append(f"--backend must be one of {', '.join(backend_names())}, got {self.backend!r}")
+        elif _BACKENDS[self.backend].needs_policy and not self.policy:
             bad.append(f"--backend {self.backend} needs --policy (the model to generate with)")
         if not (math.isfinite(self.request_timeout) and self.request_timeout > 0):
             bad.append(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
@@ -110,8 +146,6 @@ def api_key_problems(env_name: str | None, flag: str = "--api-key-env") -> list[
 def read_api_key(env_name: str | None, flag: str = "--api-key-env") -> str | None:
     """The API key held in environment variable ``env_name``; None when no name is given.
     A key is only ever read from a variable the user named: nothing is sent implicitly."""
-    from ..errors import BetaPRMInputError
-
     if not env_name:
         return None
     bad = api_key_problems(env_name, flag)
@@ -120,44 +154,53 @@ def read_api_key(env_name: str | None, flag: str = "--api-key-env") -> str | Non
     return os.environ[env_name].strip()
 
 
-def build_generator(opts: BackendOptions, world=None, count_tokens=None, seed: int = 0):
-    """The generator ``opts`` asks for. ``world`` and ``count_tokens`` serve the synth
-    backend (which needs the world whose problems it continues)."""
-    if opts.backend == "synth":
-        from ..synth import SynthPolicy, World
+def build_generator(opts: BackendOptions, seed: int = 0, **context):
+    """The generator ``opts.backend`` names, sampling from ``seed``; ``context`` goes to a
+    registered backend's builder (the library's own take none)."""
+    if opts.backend not in _BACKENDS:
+        raise BetaPRMInputError(f"--backend must be one of {', '.join(backend_names())}, got {opts.backend!r}")
+    return _BACKENDS[opts.backend].build(opts, seed=seed, **context)
 
-        return SynthPolicy(world or World(), seed=seed, count_tokens=count_tokens)
+
+def _text_format(opts: BackendOptions) -> tuple[TextFormat, Sampling]:
     fmt = TextFormat(
         split=opts.split, split_regex=opts.split_regex, continuation=opts.continuation, instruction=opts.instruction
     )
     sampling = Sampling(
         temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, max_new_tokens=opts.max_new_tokens
     )
-    if opts.backend == "transformers":
-        from .hf import TransformersGenerator
+    return fmt, sampling
 
-        return TransformersGenerator.from_pretrained(
-            opts.policy,
-            fmt,
-            sampling,
-            batch_size=opts.gen_batch_size,
-            seed=seed,
-            max_batch_tokens=opts.gen_max_batch_tokens,
-        )
-    if opts.backend == "openai":
-        from .openai import OpenAIGenerator
 
-        return OpenAIGenerator(
-            opts.base_url,
-            opts.policy,
-            fmt,
-            sampling,
-            endpoint=opts.endpoint,
-            api_key=read_api_key(opts.api_key_env),
-            concurrency=opts.concurrency,
-            timeout=opts.request_timeout,
-            max_retries=opts.max_retries,
-        )
-    from .vllm import VLLMGenerator
+def _transformers(opts: BackendOptions, seed: int = 0):
+    from .hf import TransformersGenerator  # imports torch: this module stays torch-free for the CLI's --help
 
-    return VLLMGenerator(opts.policy, fmt, sampling, seed=seed)
+    return TransformersGenerator.from_pretrained(
+        opts.policy,
+        *_text_format(opts),
+        batch_size=opts.gen_batch_size,
+        seed=seed,
+        max_batch_tokens=opts.gen_max_batch_tokens,
+    )
+
+
+def _openai(opts: BackendOptions, seed: int = 0):
+    return OpenAIGenerator(
+        opts.base_url,
+        opts.policy,
+        *_text_format(opts),
+        endpoint=opts.endpoint,
+        api_key=read_api_key(opts.api_key_env),
+        concurrency=opts.concurrency,
+        timeout=opts.request_timeout,
+        max_retries=opts.max_retries,
+    )
+
+
+def _vllm(opts: BackendOptions, seed: int = 0):
+    return VLLMGenerator(opts.policy, *_text_format(opts), seed=seed)
+
+
+register_backend("transformers", _transformers)
+register_backend("openai", _openai)
+register_backend("vllm", _vllm)

@@ -19,6 +19,7 @@ printed.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import math
@@ -30,8 +31,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import BetaPRMInputError, redact_url
+from ..image_files import ImageRefused, read_image
 from .base import Completion, GenerationError, GenerationRequest
-from .text import Sampling, TextFormat
+from .text import Sampling, TextFormat, final_answer
 
 MAX_RESPONSE_BYTES = 16 * 2**20
 """Default cap on one answer: a completion is text, far below this."""
@@ -45,10 +47,6 @@ def image_data_url(path: str) -> str:
     """An image file as a ``data:`` URL (what OpenAI-compatible servers take in image_url),
     once it has decoded as an image within the caps; the MIME type is the decoded format's,
     never guessed from the name."""
-    import base64
-
-    from ..image_files import ImageRefused, read_image
-
     try:
         mime, data = read_image(path)
     except ImageRefused as e:
@@ -56,7 +54,7 @@ def image_data_url(path: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def _http_post(url: str, data: bytes, headers: dict, timeout: float, max_bytes: int) -> tuple[int, str | None, bytes]:
+def http_post(url: str, data: bytes, headers: dict, timeout: float, max_bytes: int) -> tuple[int, str | None, bytes]:
     """POST ``data`` to ``url``: (status, Location header, body). The whole call ends
     within ``timeout`` seconds (TimeoutError past it); a body over ``max_bytes`` raises
     ``_TooLarge``; a 3xx answer comes back without its body."""
@@ -211,7 +209,7 @@ class OpenAIGenerator:
         body["prompt"] = self.fmt.prompt_text(req.question, list(req.prefix), self.tokenizer)
         return "/completions", body
 
-    def _post(self, path: str, body: dict) -> dict:
+    def post_json(self, path: str, body: dict) -> dict:
         url = self.base_url + path
         shown = redact_url(url)  # what messages say: the request still goes to url
         data = json.dumps(body).encode()
@@ -223,7 +221,7 @@ class OpenAIGenerator:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                status, location, raw = _http_post(url, data, headers, self.timeout, self.max_response_bytes)
+                status, location, raw = http_post(url, data, headers, self.timeout, self.max_response_bytes)
             except TimeoutError:
                 last = f"no answer within {self.timeout:g} s"
                 continue
@@ -264,7 +262,7 @@ class OpenAIGenerator:
 
     def _one(self, req: GenerationRequest, copy: int, image_urls: dict | None = None) -> Completion:
         path, body = self._body(req, copy, image_urls)
-        ans = self._post(path, body)
+        ans = self.post_json(path, body)
         try:
             choice = ans["choices"][0]
             text = choice["message"]["content"] if self.endpoint == "chat" else choice["text"]
@@ -284,8 +282,6 @@ class OpenAIGenerator:
         if "stop_reason" in choice:
             finished = choice["stop_reason"] is None and choice.get("finish_reason") == "stop"
         else:
-            from ..answers import final_answer
-
             finished = final_answer(steps) is not None
         return Completion(steps, n_tokens, finished=finished)
 

@@ -14,10 +14,61 @@ Two things a model backend must agree on with the PRM:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import BetaPRMInputError
 from ..options import opt as _f
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)?\s*[:=]?\s*(.+?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (braces balanced), or None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        i = text.find("{", start)
+        if i == -1:
+            return None
+        depth, j = 0, i
+        while j < len(text):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j].strip()
+            j += 1
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """The stated final answer of ``text``: the last ``\\boxed{}``, else an
+    ``<answer>`` tag, else what follows "answer is"/"answer:" on the last line that has
+    it; None when the text states no answer."""
+    if not text:
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        return tags[-1].strip()
+    for line in reversed(text.strip().splitlines()):
+        m = _ANSWER_IS.search(line)
+        if m and m.group(1).strip():
+            return m.group(1).strip()
+    return None
+
+
+def final_answer(steps: Sequence[str]) -> str | None:
+    """The answer a trace ends with: from its last step, else from the whole text."""
+    if not steps:
+        return None
+    return extract_answer(steps[-1]) or extract_answer("\n".join(steps))
+
 
 SPLITS = ("blank-line", "tags", "regex")
 CONTINUATIONS = ("prefill", "restate")

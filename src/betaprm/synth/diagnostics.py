@@ -8,6 +8,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..beta import beta_binomial_nll
+from ..evaluation.metrics import auroc, spearman, within_problem_auroc
+
 
 def kappa_star(mean: np.ndarray, var: np.ndarray, settled: float = 1e6) -> np.ndarray:
     """The concentration of the Beta with a belief's own mean and variance:
@@ -29,9 +32,6 @@ class StepArrays(NamedTuple):
 def calibration(pools, scores, held_records, held_scores, beta: bool):
     from scipy.stats import beta as beta_dist
     from scipy.stats import binom
-
-    from ..beta import beta_binomial_nll
-    from ..evaluation.metrics import spearman
 
     mu = np.concatenate([s.mu for sc in scores for s in sc])
     kappa = np.concatenate([s.kappa for sc in scores for s in sc])
@@ -109,8 +109,6 @@ def step_diagnostics(pools, scores):
     ``clean_bias_by_step``: mean of mu - Bayes mean at step k on error-free prefixes, per k
     (a PRM that checks each step but trusts long traces less than it should drifts down).
     ``scores`` is per pool a list of per-trace mu arrays."""
-    from ..evaluation.metrics import auroc
-
     drops, offs, bias = [], [], {}
     for pool, sc in zip(pools, scores):
         for tr, mu, bayes in zip(pool.traces, sc, pool.bayes):
@@ -164,8 +162,6 @@ def parity_split_auroc(scores, offsets) -> dict:
     """AUROC of ``scores`` (higher = more suspect) for erroneous against correct steps, with
     the erroneous ones split by the parity of their offset: ``{"odd": .., "even": ..}``, each
     only where that kind of error and correct steps both occur."""
-    from ..evaluation.metrics import auroc
-
     scores, offs = np.asarray(scores, dtype=float), np.asarray(offsets)
     out = {}
     for name, keep in (("odd", offs % 2 == 1), ("even", (offs % 2 == 0) & (offs > 0))):
@@ -178,8 +174,6 @@ def parity_split_auroc(scores, offsets) -> dict:
 def verification(test_scores: dict, test_pools, labels):
     """Within-problem AUROC of the final-step mu, and first-error AUROC (all, and split by
     the parity of the error) for each PRM, the Bayes belief and the parity-check observer."""
-    from ..evaluation.metrics import within_problem_auroc
-
     verification = {
         f"{name}_auroc": within_problem_auroc([[s.mu[-1] for s in pool] for pool in test_scores[name]], labels)
         for name in test_scores
@@ -222,8 +216,6 @@ def value_prior(test_pools, test_scores: dict, val_pools) -> dict:
     mu) with each final value over that value's share among the candidates (1: no preference);
     ``top1_accuracy``; ``spearman_prior``, the rank correlation of its final-step mu with
     the prior over all test candidates (near 0 for a PRM that verifies, whatever the values)."""
-    from ..evaluation.metrics import spearman, within_problem_auroc
-
     M = test_pools[0].problem.modulus
     right, seen = np.zeros(M), np.zeros(M)
     for p in val_pools:

@@ -7,13 +7,22 @@ Everything here is deterministic in the seed (``split_seeds``), so a later scrip
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from .policy import SynthPolicy, mc_label
+from ..aca import ACAConfig, Scorer, run_aca, summarize
+from ..evaluation.metrics import bootstrap_ci
+from ..selection import candidate_scores, tune
+from ..selectors import hit
+from ..types import StepScores
+from .policy import SynthPolicy, mc_label, synth_answer, synth_is_correct, synth_tasks
+from .processes import exit_with_parent
 from .world import World
 
 
@@ -32,6 +41,23 @@ class SplitSeeds(NamedTuple):
 def split_seeds(seed: int) -> SplitSeeds:
     s = seed * 7919  # a prime stride: the seeds of two runs never overlap
     return SplitSeeds(s + 1, s + 2, s + 3, s + 11, s + 12, s + 13, s + 21)
+
+
+def tune_rb_on_world(world, scorer: Scorer, budget: int, seed: int, lam: float | None = None, n_val: int = 300):
+    """S_RB's (lambda, tau) tuned on Best-of-``budget`` pools of the chain-arithmetic
+    world's validation split, never on its test problems; returns ``selection.tune``'s
+    ``TuneResult``. The validation problems and pool policy are those ``betaprm demo --seed
+    SEED`` tunes on (``split_seeds``). ``lam`` fixes lambda (None: tuned with tau)."""
+    seeds = split_seeds(seed)
+    val = world.sample_problems(n_val, seeds.val_problems, "val")
+    pol = SynthPolicy(world, seed=seeds.pool_policy)
+    pools = [pol.sample_traces(p, budget) for p in val]
+    flat = scorer([(p.question, t.steps) for p, ts in zip(val, pools) for t in ts])
+    k = budget
+    scored = [flat[i * k : (i + 1) * k] for i in range(len(val))]
+    return tune(
+        scored, [[t.correct for t in ts] for ts in pools], "rb", **({"lambdas": (lam,)} if lam is not None else {})
+    )
 
 
 class Belief(NamedTuple):
@@ -154,9 +180,7 @@ def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> l
     """ACA variants' records on ``problems``, one list per config in ``acfgs``, all on one
     PRM through one ``CachedScorer``. Each variant draws from its own policy from the
     run's ACA seed, so its records do not depend on which variants ran before it or where."""
-    from ..aca import run_aca
-    from ..scoring import PRMScorer
-    from .policy import synth_answer, synth_is_correct, synth_tasks
+    from ..scoring import PRMScorer  # torch: this module stays torch-free for the CLI (split_seeds)
 
     def count(text):
         return len(tokenizer.encode(text, add_special_tokens=False))
@@ -210,15 +234,10 @@ def aca_table(
 
     With ``run_dir`` (the demo's folder: the PRMs in ``run_dir/NAME``, the tokenizer in
     ``run_dir/backbone``) and ``threads`` >= 2, each PRM's variants run in a worker process
-    of their own with half the threads, as the PRMs train: on the 2-core CPU the policy's
-    Python and the small model's scoring keep one thread each busier than two threads one
-    process. Each variant draws from its own policy, so the records equal a sequential
-    run's at the workers' thread count."""
-    from ..aca import ACAConfig, summarize
-    from ..evaluation.metrics import bootstrap_ci
-    from ..selection import candidate_scores
-    from ..types import StepScores
-
+    of their own with half the threads, as the PRMs train: the policy's Python and the small
+    model's scoring keep one thread each busier than two threads one process. Each variant
+    draws from its own policy, so the records equal a sequential run's at the workers'
+    thread count."""
     problems = [p.problem for p in test_pools]
     rb = dict(final="rb", final_lam=tuned["rb"].lam, final_tau=tuned["rb"].tau, seed=seed)
     # BetaPRM's ACA with S_RB as the final choice (the paper's main table); the standard
@@ -235,12 +254,6 @@ def aca_table(
     for name in sorted(variants, key=lambda name: name != "aca_no_early_stop"):
         groups.setdefault(variants[name][0], []).append(name)
     if run_dir is not None and threads >= 2:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        from pathlib import Path
-
-        from .training import exit_with_parent
-
         with ProcessPoolExecutor(
             len(groups),
             mp_context=multiprocessing.get_context("spawn"),
@@ -346,8 +359,6 @@ BON_ROWS = (
 
 def bayes_scores(pools: list[Pool]) -> list[list]:
     """The exact Bayes belief's means as ``StepScores`` (one list per pool), for selectors."""
-    from ..types import StepScores
-
     return [[StepScores(b.mean, np.ones_like(b.mean), None) for b in pool.bayes] for pool in pools]
 
 
@@ -355,8 +366,6 @@ def bon_hits(pools: list[Pool], scores: dict, tuned: dict, n: int | None = None)
     """Per-problem hits (0/1) of every row of ``BON_ROWS`` on pools cut to their first ``n``
     candidates; ``scores``: per scorer name, one list of ``StepScores`` per pool (the Bayes
     rows read ``scores["bayes"]``, made by ``bayes_scores`` when absent)."""
-    from ..selectors import hit
-
     if "bayes" not in scores:
         scores = {**scores, "bayes": bayes_scores(pools)}
     out = {key: [] for key, *_ in BON_ROWS}
@@ -379,8 +388,6 @@ class BayesScorer:
         self.n_scored = 0
 
     def __call__(self, traces):
-        from ..types import StepScores
-
         out = []
         for q, steps in traces:
             p = self.by_q[q]

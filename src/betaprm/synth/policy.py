@@ -1,4 +1,8 @@
-"""The chain-arithmetic policy behind the ``Generator`` protocol, and MC labelling."""
+"""The chain-arithmetic policy behind the ``Generator`` protocol, and MC labelling.
+
+Importing this module registers the policy as the generation backend ``synth``
+(``generation.factory.register_backend``): ``build_generator`` makes it for options with
+``backend="synth"``, given the ``World`` whose problems it continues."""
 
 from __future__ import annotations
 
@@ -6,9 +10,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..errors import BetaPRMInputError
 from ..generation.base import Completion, GenerationRequest
+from ..generation.factory import register_backend
 from ..types import Task
-from .world import Problem, Trace, World
+from .world import Problem, Trace, World, parse_value
 
 
 class SynthPolicy:
@@ -60,8 +66,6 @@ def mc_label(world: World, generator, trace: Trace, n: int) -> list[int]:
     """K_t for every step of ``trace``: of ``n`` continuations sampled through
     ``generator`` from the prefix ending at step t, how many end with the right answer
     (checked by the world: the last step's value against the problem's answer)."""
-    from .world import parse_value
-
     p = trace.problem
     if type(generator) is SynthPolicy:
         return _synth_counts(generator, trace, n)
@@ -79,8 +83,6 @@ def _synth_counts(policy: SynthPolicy, trace: Trace, n: int) -> list[int]:
     ``SynthPolicy.generate`` (the errors, then one connective per written op step), so the
     counts are the same as through ``generate``, several times faster (the demo labels
     about 170,000 steps 16 times each)."""
-    from .world import parse_value
-
     w, p, rng = policy.world, trace.problem, policy.rng
     answer, n_conn = p.answer, len(w.cfg.connectives)
     values = w.values_of(p, trace.steps)  # as written in the steps, as generate reads them
@@ -105,9 +107,6 @@ def synth_tasks(problems: Sequence[Problem]) -> list:
 
 def synth_answer(steps: Sequence[str]) -> int | None:
     """The value a chain-arithmetic trace ends with (None when the last step has none)."""
-    from ..errors import BetaPRMInputError
-    from .world import parse_value
-
     try:
         return parse_value(steps[-1])
     except (BetaPRMInputError, IndexError):
@@ -117,3 +116,13 @@ def synth_answer(steps: Sequence[str]) -> int | None:
 def synth_is_correct(task, answer) -> bool:
     """The world's exact checker: the final value equals the true answer."""
     return answer is not None and int(answer) == int(task.handle.answer)
+
+
+def synth_generator(opts, seed: int = 0, world: World | None = None, count_tokens=None) -> SynthPolicy:
+    """The ``synth`` backend of ``generation.factory.build_generator``: the policy of
+    ``world`` (default: the default world), seeded, counting tokens with ``count_tokens``
+    (words by default). ``opts`` (the backend options) has nothing it reads."""
+    return SynthPolicy(world or World(), seed=seed, count_tokens=count_tokens)
+
+
+register_backend("synth", synth_generator, needs_policy=False)

@@ -19,8 +19,8 @@ class DemoConfig:
     quick: bool = _f(False, "a small run with the same steps (smaller data, backbone and budgets)")
     long: bool = _f(
         False,
-        "the recipe that learns the whole step check: MLP width 384 and 6,600 steps per PRM (the default on a GPU; "
-        "over an hour on 2 CPU cores)",
+        "the larger recipe: MLP width 384, 6,600 steps per PRM, the whole backbone fine-tuned (the default on a GPU, "
+        "meant for one)",
     )
     n_train_problems: int | None = _f(None, "training problems (12000; --quick 500)")
     traces_per_train_problem: int = _f(2, "policy traces per training problem")
@@ -42,26 +42,25 @@ class DemoConfig:
     tie_embeddings: bool = _f(
         False,
         "tie the backbone's output layer to its input embeddings: the written result and the predicted one in one "
-        "space, which the PRMs' step check learns faster from (see benchmarks/RESULTS.md)",
+        "space",
     )
     pretrain_steps: int | None = _f(
         None,
         "language-model pretraining steps of 32 error-free traces (450; --quick 90): steps, not tokens, so that "
-        "longer chains do not get fewer (benchmarks/RESULTS.md)",
+        "longer chains do not get fewer",
     )
     pretrain_lr: float = _f(2e-3, "pretraining learning rate")
     check_steps: int | None = _f(
         None,
         "at most this many steps of check pretraining after the language modelling (2000; --quick 100; 0: none): "
         "the backbone also learns to spot results that the pretraining replaced (ELECTRA-style, no MC counts), as a "
-        "pretrained LLM can check arithmetic; from MC counts alone the PRMs learn that check only with --long's "
-        "budget. It stops earlier once the check has formed (--check-until)",
+        "pretrained LLM can check arithmetic. It stops earlier once the check has formed (--check-until)",
     )
     check_until: float = _f(
         0.05,
         "check pretraining keeps its learning rate up until its replaced-result loss, over the last 100 steps, is "
-        "under this (the check has formed: it falls from a plateau near 0.35, where only parity is checked), then "
-        "decays it over --check-decay-steps; 0: never early, a fixed --check-steps",
+        "under this (the check has formed), then decays it over --check-decay-steps; 0: never early, a fixed "
+        "--check-steps",
     )
     check_decay_steps: int | None = _f(None, "check pretraining's learning-rate decay, in steps (200; --quick 20)")
     check_lr: float = _f(1e-3, "check pretraining's peak learning rate (AdamW)")
@@ -70,19 +69,18 @@ class DemoConfig:
     prm_micro_batches: int | None = _f(
         None,
         "forward passes per PRM optimiser step (2; --long 1): the step's random traces dealt into them by length "
-        "(betaprm train --batch-rebalance), so each pass pads less; the same batches and loss as one pass, a PRM "
-        "step 1.13-1.14x faster on the demo's worlds (benchmarks/prm_micro_batches.py)",
+        "(betaprm train --batch-rebalance), so each pass pads less; the same batches and loss as one pass",
     )
     prm_freeze_layers: int | None = _f(
         None,
         "PRM training: freeze the backbone's embeddings and bottom N layers (4; --quick 1, --long 0; betaprm train "
-        "--freeze-layers): no backward pass through them, so a step costs about two thirds; the step check "
-        "that check pretraining puts in the backbone stays (benchmarks/RESULTS.md)",
+        "--freeze-layers): no backward pass through them, so a step costs less, and the step check that check "
+        "pretraining puts in those layers is kept as it is",
     )
     prm_lr: float | None = _f(
         None,
-        "PRM learning rate (0.001; --long 0.0003: fine-tuning the whole backbone at 0.001 unlearned part of the step "
-        "check that check pretraining gives it, which the default's frozen bottom layers keep; benchmarks/RESULTS.md)",
+        "PRM learning rate (0.001; --long 0.0003: --long fine-tunes the whole backbone, the layers that hold check "
+        "pretraining's step check included)",
     )
     prm_weight_decay: float = _f(0.05, "PRM AdamW weight decay (betaprm train --weight-decay)")
     prm_schedule: str = _f(
@@ -92,15 +90,13 @@ class DemoConfig:
     )
     head_lr_multiplier: float = _f(
         1.0,
-        "kappa head learning rate / prm_lr (the paper uses 10x at lr 1e-5 on 8B models; at lr 1e-3 on this tiny "
-        "model 10x lets the kappa path swamp the mu path)",
+        "kappa head learning rate / prm_lr (the paper uses 10 at lr 1e-5 on 8B models)",
     )
     aux_lm_weight: float = _f(1.0, "auxiliary language-model loss during PRM training")
     marker_repeat: int = _f(1, "markers per step, scores read at the last (2 gives the small model an extra position)")
     kappa_detach: bool = _f(
         True,
-        "BetaPRM: stop the kappa head's gradient at the backbone (the tiny backbone's mu learns faster when only mu "
-        "shapes it)",
+        "BetaPRM: stop the kappa head's gradient at the backbone (only mu's loss shapes the backbone)",
     )
     parallel_prms: bool = _f(
         True,

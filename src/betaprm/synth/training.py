@@ -12,22 +12,32 @@ together: each stage consumes what the one before it saves.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import time
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from ..batching import first_fit_rows, pack_rows
 from ..errors import BetaPRMInputError
+from ..formatting import TraceFormat, encode_traces, format_trace
+from ..model import BetaPRM
+from ..scoring import score_traces
+from ..tiny import tiny_causal_lm, word_tokenizer
+from ..train.config import TrainConfig
+from ..train.run import train
+from .policy import SynthPolicy
+from .processes import exit_with_parent
 
 
 def _warmup_cosine(opt, steps):
     """Linear warm-up over the first 5% of ``steps``, then cosine decay to 0 (the
     backbone's pretraining and check pretraining)."""
-    import torch
-
     return torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / (0.05 * steps)) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
     )
@@ -40,9 +50,6 @@ def demo_tokenizer(world, traces, marker="<prm>"):
     here), so more traces per second of training."""
     from tokenizers import AddedToken
 
-    from ..formatting import format_trace
-    from ..tiny import word_tokenizer
-
     texts = [format_trace(question, steps).replace(marker, " ") for question, steps in traces]
     tokenizer = word_tokenizer(texts, words=[str(v) for v in range(world.M)])
     tokenizer.add_tokens([AddedToken(marker, special=True, normalized=False)], special_tokens=True)
@@ -51,8 +58,6 @@ def demo_tokenizer(world, traces, marker="<prm>"):
 
 def new_backbone(cfg, vocab_size: int):
     """The demo's Llama of ``cfg``'s sizes, freshly initialised from ``cfg.seed``."""
-    from ..tiny import tiny_causal_lm
-
     return tiny_causal_lm(
         vocab_size,
         hidden_size=cfg.hidden_size,
@@ -67,12 +72,6 @@ def new_backbone(cfg, vocab_size: int):
 
 def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     """A small Llama trained as a language model on error-free traces, in the PRM's format."""
-    import torch
-
-    from ..data.dataset import pack_rows
-    from ..formatting import TraceFormat, encode_traces
-    from .policy import SynthPolicy
-
     torch.manual_seed(cfg.seed)
     model = new_backbone(cfg, len(tokenizer)).to(device).train()
     # No KV cache: with one, transformers builds a plain causal mask and ignores the packed
@@ -115,12 +114,12 @@ def pretrain(cfg, world, tokenizer, marker, log, device="cpu"):
     return model.cpu().eval(), checked
 
 
-def _replaced_trace(world, problem, rng, rate, proposal=None):
+def replaced_trace(world, problem, rng, rate, proposal=None):
     """A trace of ``problem`` whose verifiable results are each replaced, with probability
     ``rate``, by another number, the chain going on from the written value as a policy's
     would: ``(step texts, replaced flag per op step)``. The replacement of op step s is the
     true result plus a nonzero offset: drawn from ``proposal[s]`` (a distribution over the
-    values, the true one at 0, see ``_lm_proposals``), or uniform without one."""
+    values, the true one at 0, see ``lm_proposals``), or uniform without one."""
     values, flags, v = [], [], problem.start
     true = problem.true_values() if proposal is not None else None
     for s in range(problem.T):
@@ -141,15 +140,11 @@ CHECK_REPLACE_RATE = 0.5  # share of verifiable results replaced in check pretra
 CHECK_WINDOW = 100  # steps over which check pretraining's loss says whether the check has formed
 
 
-def _proposal_autocast(device):
-    """bf16 autocast for ``_lm_proposals``' forward pass where the hardware computes in bf16
-    (a GPU with bf16, a CPU with AVX512-BF16 or AMX): 1.6x faster on the 2-core CPU, and a
-    proposal distribution needs no more precision. Training stays in fp32 (its backward
-    gained under 10% in bf16). Elsewhere fp32: emulated bf16 is slower."""
-    import contextlib
-
-    import torch
-
+def proposal_autocast(device):
+    """bf16 autocast for ``lm_proposals``' forward pass where the hardware computes in bf16
+    (a GPU with bf16, a CPU with AVX512-BF16 or AMX): a proposal distribution needs no more
+    precision. Training stays in fp32. Elsewhere fp32: emulated bf16 is slower
+    (benchmarks/RESULTS.md has the timings)."""
     device = torch.device(device)
     if device.type == "cuda":
         fast = torch.cuda.is_bf16_supported()
@@ -159,7 +154,7 @@ def _proposal_autocast(device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if fast else contextlib.nullcontext()
 
 
-def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> list[np.ndarray]:
+def lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> list[np.ndarray]:
     """ELECTRA's generator, from the backbone itself: per problem, a ``(T, M)`` array whose
     row s is the language model's distribution over op step s's result on the problem's
     error-free trace, the true value excluded (renormalised). Replacements drawn from it are
@@ -167,19 +162,15 @@ def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> 
     the results, wrong values of the right parity, the errors a parity check cannot see.
     Uniform replacements let the check stop at parity on one seed of three (still there
     after 1,000 steps; benchmarks/RESULTS.md)."""
-    import torch
-
-    from ..formatting import encode_traces
-
     texts = [world.step_texts(p, p.true_values(), 0, rng) for p in problems]
     marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
     ids = encode_traces(tokenizer, marker_id, [(p.question, t) for p, t in zip(problems, texts)], fmt)
     # The detection target carries (trace, step) codes, so the packed order maps back.
     codes = [[1000 * i + s for s in range(p.T)] for i, p in enumerate(problems)]
-    x, pos, _, target = _check_batch(ids, codes, marker_id, tokenizer.pad_token_id, fmt.marker_repeat)
+    x, pos, _, target = check_batch(ids, codes, marker_id, tokenizer.pad_token_id, fmt.marker_repeat)
     rows, cols = (target >= 0).nonzero(as_tuple=True)
     with torch.no_grad():
-        with _proposal_autocast(device):
+        with proposal_autocast(device):
             hidden = model.model(input_ids=x.to(device), position_ids=pos.to(device)).last_hidden_state
         # The result sits marker_repeat tokens before its last marker; one more back predicts it.
         at = hidden[rows.to(device), (cols - fmt.marker_repeat - 1).to(device)].float()
@@ -197,11 +188,10 @@ def _lm_proposals(model, world, tokenizer, fmt, problems, rng, device="cpu") -> 
     return out
 
 
-def _check_schedule(opt, warmup, decay):
+def check_schedule(opt, warmup, decay):
     """Warm-up, then a constant learning rate until ``.decay_from`` is set, then cosine
     decay to 0 over ``decay`` steps (a warmup-stable-decay schedule): check pretraining
     runs until the check has formed, which takes a different number of steps on each seed."""
-    import torch
 
     class Schedule(torch.optim.lr_scheduler.LambdaLR):
         decay_from = None
@@ -221,7 +211,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     """Replaced-result detection (ELECTRA's replaced-token detection, on results): the
     pretrained backbone goes on as a language model on traces whose verifiable results the
     pretraining itself replaced by values its own language model finds plausible there
-    (``_lm_proposals``, ``_replaced_trace``; no MC counts and no world errors), and
+    (``lm_proposals``, ``replaced_trace``; no MC counts and no world errors), and
     a linear head on the final hidden state at each op step's marker (and at the result
     itself) learns whether that result was replaced. The head is dropped afterwards: what
     stays is a backbone that checks a step where the PRM reads it, as a pretrained LLM can
@@ -234,10 +224,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     rate stays up until the loss at the marker, over the last ``CHECK_WINDOW`` steps, is
     under ``cfg.check_until``, then decays over ``cfg.check_decay_steps``; at most
     ``cfg.check_steps`` steps in all. Returns the number of steps taken."""
-    import torch
     import torch.nn.functional as F
-
-    from ..formatting import encode_traces
 
     model.config.use_cache = False  # packed rows: see pretrain
     torch.manual_seed(cfg.seed + 2)
@@ -246,7 +233,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     steps, batch = cfg.check_steps, 32
     decay = max(1, min(cfg.check_decay_steps, steps))
     opt = torch.optim.AdamW(params, lr=cfg.check_lr, weight_decay=0.01)
-    sched = _check_schedule(opt, warmup=max(1, min(50, steps // 20)), decay=decay)
+    sched = check_schedule(opt, warmup=max(1, min(50, steps // 20)), decay=decay)
     rng = np.random.default_rng(cfg.seed + 2002)
     problems = world.sample_problems(steps * batch, cfg.seed + 2000, "check")
     marker_id = tokenizer.convert_tokens_to_ids(fmt.marker)
@@ -259,10 +246,10 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     s = 0
     while s < last:
         chunk = problems[s * batch : (s + 1) * batch]
-        proposals = _lm_proposals(model, world, tokenizer, fmt, chunk, rng, device)
-        traces = [_replaced_trace(world, p, rng, CHECK_REPLACE_RATE, q) for p, q in zip(chunk, proposals)]
+        proposals = lm_proposals(model, world, tokenizer, fmt, chunk, rng, device)
+        traces = [replaced_trace(world, p, rng, CHECK_REPLACE_RATE, q) for p, q in zip(chunk, proposals)]
         ids = encode_traces(tokenizer, marker_id, [(p.question, t) for p, (t, _) in zip(chunk, traces)], fmt)
-        x, pos, labels, target = _check_batch(ids, [f for _, f in traces], marker_id, pad, fmt.marker_repeat)
+        x, pos, labels, target = check_batch(ids, [f for _, f in traces], marker_id, pad, fmt.marker_repeat)
         x, pos, labels, target = x.to(device), pos.to(device), labels.to(device), target.to(device)
         hidden = model.model(input_ids=x, position_ids=pos).last_hidden_state
         logits = model.lm_head(hidden)
@@ -273,7 +260,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
         # result against the prediction one position back): learned there first, the marker
         # then copies it. With the marker alone, one seed of three was still at chance after
         # 1,000 steps (benchmarks/RESULTS.md).
-        at_result, result_target = _at_results(target, fmt.marker_repeat)
+        at_result, result_target = at_results(target, fmt.marker_repeat)
         check_result = F.binary_cross_entropy_with_logits(head(hidden[at_result]).squeeze(-1), result_target)
         loss = lm + check + check_result
         opt.zero_grad()
@@ -301,28 +288,22 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     return s
 
 
-def _at_results(target, marker_repeat=1):
-    """The result positions of ``_check_batch``'s ``target`` (each op step's written
+def at_results(target, marker_repeat=1):
+    """The result positions of ``check_batch``'s ``target`` (each op step's written
     result, ``marker_repeat`` tokens before its last marker) and their targets, in the same
     order as ``target[target >= 0]``."""
-    import torch
-
     at_marker = target >= 0
     at_result = torch.zeros_like(at_marker)
     at_result[:, :-marker_repeat] = at_marker[:, marker_repeat:]
     return at_result, target[:, marker_repeat:][at_marker[:, marker_repeat:]]
 
 
-def _check_batch(ids, flags, marker_id, pad_id, marker_repeat=1):
+def check_batch(ids, flags, marker_id, pad_id, marker_repeat=1):
     """One check-pretraining batch, packed as in ``pretrain`` (no padding, no attention or
     loss across traces): ``input_ids``, ``position_ids``, language-model ``labels``
     (aligned with the inputs; -100 at each trace's first token, at padding and at replaced
     results) and the detection ``target`` (1.0 / 0.0 at the last marker of each op step,
     -1 elsewhere). ``flags[i][k]``: op step k of trace i was replaced."""
-    import torch
-
-    from ..data.dataset import first_fit_rows
-
     lengths = [len(x) for x in ids]
     cap = max(lengths)
     rows = first_fit_rows(lengths)
@@ -395,8 +376,6 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
 def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
     """One PRM fine-tuned from ``out/backbone`` on ``out/train_counts.jsonl`` through
     ``betaprm.train``; returns ``(prm, log_history)``."""
-    from ..train import TrainConfig, train
-
     t0 = time.perf_counter()
     tc = TrainConfig(
         model=str(out / "backbone"),
@@ -437,25 +416,9 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
 PRM_JOBS = (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial"))
 
 
-def exit_with_parent(parent: int) -> None:
-    """Process-pool initializer: the worker exits once its parent process is gone. A demo
-    stopped with ``kill`` (not Ctrl-C, which reaches the whole process group) would otherwise
-    leave its workers training for minutes."""
-    import threading
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
-
-
 def train_and_score(eff, out, name, objective, seed, device, traces, log):
     """``train_prm``, then the PRM's scores of ``traces`` (``(question, steps)`` pairs):
     ``(prm, log_history, scores, seconds spent scoring)``."""
-    from ..scoring import score_traces
-
     prm, history = train_prm(eff, out, name, objective, seed, device, log)
     t0 = time.perf_counter()
     scores = score_traces(prm, traces, batch_size=64)
@@ -465,7 +428,6 @@ def train_and_score(eff, out, name, objective, seed, device, traces, log):
 def _train_and_score_job(eff, out, name, objective, seed, device, traces, threads):
     """``train_and_score`` in a worker process with ``threads`` torch threads; the PRM
     itself stays in ``out/name`` (not sent back): ``(log line, log_history, scores, seconds)``."""
-    import torch
     from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(threads)
@@ -482,8 +444,6 @@ def train_prms(eff, out, seed, device, log, traces):
     same time in two processes: on CPU with half the threads each (a model this small keeps
     one thread busier than two), on a GPU sharing it (its small
     kernels leave it mostly idle)."""
-    import torch
-
     threads = torch.get_num_threads()
     models, histories, scores = {}, {}, {}
     if not (eff.parallel_prms and (device == "cuda" or threads >= 2)):
@@ -497,9 +457,6 @@ def train_prms(eff, out, seed, device, log, traces):
         return models, histories, scores
 
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-
-    from ..model import BetaPRM
 
     t0 = time.perf_counter()
     split = [max(1, (threads + 1) // 2), max(1, threads // 2)]  # an odd thread count: one more for the first

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..data.jsonl import load_json_file
+from ..data.records import short_repr
 from ..errors import BetaPRMInputError
 
 LEVELS = ("easy", "hard")
@@ -51,8 +53,6 @@ def _prob_table(d) -> bool:
 
 
 def _show(x) -> str:
-    from ..data.records import short_repr
-
     return short_repr(x, 80)
 
 
@@ -124,8 +124,6 @@ class WorldConfig:
 
     @classmethod
     def from_json(cls, path) -> "WorldConfig":
-        from ..data.records import load_json_file
-
         return cls.from_dict(load_json_file(path, "--world-config", "a JSON object of world settings"), str(path))
 
     def to_dict(self) -> dict:

@@ -1,17 +1,18 @@
-"""Counts records -> token ids with aligned labels, and the batch collator for training."""
+"""Training data: counts records -> token ids with aligned labels (text and vision-language),
+the batch samplers (length buckets, token budgets) and the batch collator."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ..batching import fill_batches, pack_rows, pad_batch
+from ..data.records import Record
 from ..errors import BetaPRMInputError
 from ..formatting import encode_traces, fit_to_length
-from ..scoring import pad_batch
-from .records import Record
+from ..vision import encode_multimodal
 
 
 @dataclass
@@ -94,7 +95,7 @@ class LengthBucketSampler(torch.utils.data.Sampler):
 
 
 class TokenBudgetBatchSampler(torch.utils.data.Sampler):
-    """Batches of example indices that each fill at most ``max_tokens`` positions of the
+    """Batches of example indices that each fill at most ``max_batch_tokens`` positions of the
     batch tensor (``batch_tokens``: packed rows, or one padded row per trace), for one
     process of ``world``: a batch holds many short traces or a few long ones.
 
@@ -110,18 +111,18 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler):
     def __init__(
         self,
         lengths: Sequence[int],
-        max_tokens: int,
+        max_batch_tokens: int,
         packed: bool,
         seed: int = 0,
         group: int | None = None,
         world: int = 1,
     ):
-        if max_tokens < 1:
-            raise BetaPRMInputError(f"max_tokens must be >= 1, got {max_tokens}")
+        if max_batch_tokens < 1:
+            raise BetaPRMInputError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if len(lengths) < world:
             raise BetaPRMInputError(f"{len(lengths)} examples cannot make a batch for each of {world} processes")
         self.lengths = list(lengths)
-        self.max_tokens = max_tokens
+        self.max_batch_tokens = max_batch_tokens
         self.packed = packed
         self.seed = seed
         self.group = group
@@ -141,13 +142,13 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler):
         order = torch.randperm(len(self.lengths), generator=g).tolist()
         if self.group:
             mean = sum(self.lengths) / len(self.lengths)
-            span = max(1, int(self.group * self.max_tokens / mean))
+            span = max(1, int(self.group * self.max_batch_tokens / mean))
             order = [
                 i
                 for k in range(0, len(order), span)
                 for i in sorted(order[k : k + span], key=self.lengths.__getitem__)
             ]
-        batches = fill_batches(order, self.lengths, self.max_tokens, self.packed)
+        batches = fill_batches(order, self.lengths, self.max_batch_tokens, self.packed)
         batches = [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
         while len(batches) % self.world:
             k = max(range(len(batches)), key=lambda b: len(batches[b]))
@@ -220,8 +221,6 @@ class MultimodalCountsDataset(torch.utils.data.Dataset):
         return len(self.items)
 
     def __getitem__(self, i: int) -> dict:
-        from ..vision import encode_multimodal
-
         q, steps, images, k, n, index = self.items[i]
         enc = encode_multimodal(self.prm, [(q, steps, images)])
         ex = {"input_ids": enc["input_ids"][0].tolist(), "mc_correct": k, "mc_total": n, "index": index}
@@ -245,8 +244,6 @@ def _count(stats: EncodeStats, r, kept: int, truncation: str) -> bool:
 
 
 def _encode_multimodal_records(prm, records, max_length, truncation, stats, progress):
-    from ..vision import encode_multimodal
-
     items = []
     for j, r in enumerate(records):
         ids = encode_multimodal(prm, [(r.question, r.steps, r.images)])["input_ids"][0].tolist()
@@ -300,76 +297,3 @@ class CountsCollator:
             if parts:
                 batch[key] = torch.cat(parts, dim=0)
         return batch
-
-
-def first_fit_rows(lengths: Sequence[int]) -> list[list[int]]:
-    """Indices of ``lengths`` packed first-fit decreasing into rows of ``max(lengths)``."""
-    cap = max(lengths)
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # stable: ties keep batch order
-        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
-        if r is None:
-            rows.append([i])
-            room.append(cap - lengths[i])
-        else:
-            rows[r].append(i)
-            room[r] -= lengths[i]
-    return rows
-
-
-def batch_tokens(lengths: Sequence[int], packed: bool) -> int:
-    """Positions of the batch tensor the collator makes of traces of ``lengths``: rows x
-    the longest trace, packed (``first_fit_rows``) or one trace per row."""
-    rows = len(first_fit_rows(lengths)) if packed else len(lengths)
-    return rows * max(lengths)
-
-
-def fill_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: int, packed: bool) -> list[list[int]]:
-    """``order`` cut greedily into batches of at most ``max_tokens`` positions
-    (``batch_tokens``); a trace over the budget makes a batch of its own."""
-    batches: list[list[int]] = []
-    pending = deque(order)
-    while pending:
-        # Fill by a bound that is cheap to keep (the traces' own tokens when packed, count x
-        # longest when padded), then give back traces while the packed rows overflow.
-        batch, total, longest = [], 0, 0
-        while pending:
-            n = lengths[pending[0]]
-            cost = total + n if packed else (len(batch) + 1) * max(longest, n)
-            if batch and cost > max_tokens:
-                break
-            batch.append(pending.popleft())
-            total, longest = total + n, max(longest, n)
-        while len(batch) > 1 and batch_tokens([lengths[j] for j in batch], packed) > max_tokens:
-            pending.appendleft(batch.pop())
-        batches.append(batch)
-    return batches
-
-
-def pack_rows(features: list[dict], pad_id: int) -> tuple[list[dict], dict]:
-    """``features`` packed first-fit decreasing into rows of the longest one's length.
-    (Longer rows fit more traces but cost attention: on the demo's short traces, rows of
-    twice the longest gained nothing.) Returns the features in packed order (row by row,
-    left to right: the order of their markers in the batch) and ``input_ids``, ``position_ids``, ``lm_keep`` tensors. A
-    row's tail of padding is a segment of its own (positions from 0), attended by nothing
-    real."""
-    lengths = [len(f["input_ids"]) for f in features]
-    cap = max(lengths)
-    rows = first_fit_rows(lengths)
-    ids = torch.full((len(rows), cap), pad_id, dtype=torch.long)
-    pos = torch.zeros((len(rows), cap), dtype=torch.long)
-    seg = torch.full((len(rows), cap), -1, dtype=torch.long)  # -1: padding
-    order = []
-    for r, members in enumerate(rows):
-        at = 0
-        for i in members:
-            n = lengths[i]
-            ids[r, at : at + n] = torch.as_tensor(features[i]["input_ids"], dtype=torch.long)
-            pos[r, at : at + n] = torch.arange(n)
-            seg[r, at : at + n] = len(order)
-            order.append(i)
-            at += n
-        pos[r, at:] = torch.arange(cap - at)
-    keep = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] >= 0)
-    return [features[i] for i in order], {"input_ids": ids, "position_ids": pos, "lm_keep": keep}

@@ -1,23 +1,20 @@
-"""The demo's printed report: Markdown tables of its ``results.json``."""
+"""The demo's printed report and figures: Markdown tables of its ``results.json`` and
+its plots."""
 
 from __future__ import annotations
 
-from ..synth.experiment import BON_ROWS
+from ..evaluation import plots
+from ..evaluation.calibration import table as counts_table
+from ..evaluation.tables import markdown_table
+from .diagnostics import kappa_star
+from .experiment import BON_ROWS
 
 NAMES = {key: label for key, _, _, label in BON_ROWS}
 
 
-def markdown_table(rows, headers) -> str:
-    """A Markdown table with padded columns."""
-    widths = [max(len(str(r[i])) for r in [headers] + rows) for i in range(len(headers))]
-
-    def line(r):
-        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
-
-    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
-
-
 def format_results(r: dict) -> str:
+    """The demo's tables (Best-of-N, verification, calibration, with ACA its table) as
+    Markdown, from its results (``results.json``)."""
     n = r["effective_config"]["n_candidates"]
     rows = [[NAMES.get(k, k), f"{v['acc']:.3f}", f"[{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"] for k, v in r["bon"].items()]
     parts = [
@@ -109,8 +106,6 @@ def format_results(r: dict) -> str:
     ]
     parts.append(markdown_table(rows, ["metric", "standard PRM", "BetaPRM"]))
     if "held_out_counts" in r:
-        from .calibration import table as counts_table
-
         h = r["held_out_counts"]
         parts.append(
             "\nCalibration on the held-out MC counts (OUT/held_out_counts.jsonl; the same as `betaprm "
@@ -156,9 +151,6 @@ def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None)
     """The demo's figures: kappa during training, reliability, kappa against kappa*,
     Best-of-n curves, (with ACA) accuracy against tokens, and (with ``held_out``, the
     BetaPRM's ``evaluation.calibration`` results) sigma against error on held-out counts."""
-    from ..synth.diagnostics import kappa_star
-    from . import plots
-
     plots.kappa_dynamics(histories["betaprm"], out / "kappa_dynamics.png", "BetaPRM kappa during training")
     std, beta = arrays["standard_prm"], arrays["betaprm"]
     plots.reliability_diagram(

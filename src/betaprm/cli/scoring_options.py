@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import opt
-from ..scoring import DEFAULT_MAX_BATCH_TOKENS, TRUNCATE_MODES
+from ..formatting import TRUNCATE_MODES
+from ..options import DEFAULT_MAX_BATCH_TOKENS, opt
+from ..provenance import check_paths, fingerprint, model_fingerprint, settings_of, write_result
 
 
 @dataclass
@@ -78,8 +79,6 @@ EVALUATION_NOT_RESULTS = {
 def write_evaluation(cfg, res: dict) -> None:
     """``res`` to ``cfg.out`` (JSON) with the settings that made it: the model's and the
     data's fingerprints and every option that changes the numbers."""
-    from ..provenance import fingerprint, model_fingerprint, settings_of, write_result
-
     settings = {
         "model": model_fingerprint(cfg.model),
         "data": fingerprint(cfg.data),
@@ -92,7 +91,5 @@ def check_eval_outputs(cfg, plot_files=()) -> None:
     """--out and --plots (and the ``plot_files`` written there) checked before the model
     loads: an unwritable path, or one that is --data or --model, would otherwise fail
     after the whole evaluation, losing its results."""
-    from ..provenance import check_paths
-
     plots = [(f"--plots ({name})", f"{cfg.plots}/{name}") for name in plot_files] if cfg.plots else []
     check_paths([("--data", cfg.data), ("--model", cfg.model)], [("--out", cfg.out), *plots], [("--plots", cfg.plots)])

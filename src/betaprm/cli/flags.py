@@ -4,15 +4,22 @@ Every field becomes ``--field-name`` with its ``metadata["help"]``; booleans get
 ``--flag/--no-flag``. ``--config FILE.yaml`` (or .json) supplies defaults, flags given
 on the command line override them, and unknown keys in the file are an error. Config
 fields are made with ``opt(default, help_text)`` (``betaprm.options``, re-exported here).
+
+A field renamed keeps its old name for one release: ``opt(..., aliases=("old_name",))``
+adds a hidden ``--old-name`` flag and accepts ``old_name`` in config files, each with a
+deprecation message on stderr naming the new one.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import sys
 from pathlib import Path
 from typing import get_type_hints
 
+from ..data.jsonl import BadJSON, decode_utf8, load_json_file, open_input
 from ..errors import BetaPRMInputError
 from ..options import opt
 
@@ -40,19 +47,51 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
         )
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
         if typ is bool:
-            parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+            kwargs["action"] = argparse.BooleanOptionalAction
         elif typ in (int, float, str):
-            parser.add_argument(_flag(f.name), type=typ, metavar=f.name.upper(), **kwargs)
+            kwargs.update(type=typ, metavar=f.name.upper())
         elif typ in (int | None, float | None, str | None):
-            inner = typ.__args__[0]
-            parser.add_argument(_flag(f.name), type=inner, metavar=f.name.upper(), **kwargs)
+            kwargs.update(type=typ.__args__[0], metavar=f.name.upper())
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {typ}")
+        parser.add_argument(_flag(f.name), **kwargs)
+        for old in f.metadata.get("aliases", ()):
+            base = argparse.BooleanOptionalAction if typ is bool else _Store
+            parser.add_argument(
+                _flag(old), **{**kwargs, "help": argparse.SUPPRESS, "action": _deprecated(base, f.name)}
+            )
+
+
+def deprecation(old: str, new: str) -> None:
+    """The one message a renamed option prints (stderr), then goes on with the new name."""
+    print(f"betaprm: warning: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+class _Store(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+
+
+def _deprecated(base, new_name: str):
+    """An argparse action that stores like ``base`` and says which flag replaces it."""
+
+    class Deprecated(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            new = _flag(new_name)
+            if option_string.startswith("--no-"):
+                new = "--no-" + new[2:]
+            deprecation(option_string, new)
+            super().__call__(parser, namespace, values, option_string)
+
+    return Deprecated
+
+
+def _renamed(cls) -> dict[str, str]:
+    """Old field name -> new one, from the fields' ``aliases``."""
+    return {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("aliases", ())}
 
 
 def load_config_file(path: str) -> dict:
-    from ..data.records import BadJSON, decode_utf8, load_json_file, open_input
-
     p = Path(path)
     if p.suffix == ".json":
         data = load_json_file(p, "--config", "a JSON object of option names to values")
@@ -82,8 +121,6 @@ def load_config_file(path: str) -> dict:
 def _typed(cls, values: dict, path: str) -> dict:
     """The file's values checked against the fields' types (as a flag's value would be):
     an int is accepted for a float field, nothing else is converted."""
-    import math
-
     hints, out, bad = get_type_hints(cls), {}, []
     for k, v in values.items():
         typ = hints[k]
@@ -118,6 +155,14 @@ def config_from_args(cls, ns: argparse.Namespace):
     values = {}
     if getattr(ns, "config", None):
         values = load_config_file(ns.config)
+        for old, new in _renamed(cls).items():
+            if old in values:
+                deprecation(f"--config {ns.config}: key {old!r}", repr(new))
+                if new in values:
+                    raise BetaPRMInputError(
+                        f"--config {ns.config}: both {old!r} and its new name {new!r} are set; keep {new!r}"
+                    )
+                values[new] = values.pop(old)
         unknown = sorted(set(values) - names)
         if unknown:
             raise BetaPRMInputError(f"--config {ns.config}: unknown keys {unknown}; allowed: {sorted(names)}")

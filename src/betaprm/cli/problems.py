@@ -1,16 +1,34 @@
 """What `betaprm aca` and `betaprm search` share: the problems (the chain-arithmetic test
 split or a problems file), the PRM that scores, the generator, the answer check, and the
-settings a resumed --out must match."""
+settings a resumed --out must match; with `betaprm label`, the generation options, whose
+default backend is the demo's chain-arithmetic policy (``synth``)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
-from ..generation.factory import RUNTIME_SETTINGS
+from ..aca import accuracy_phrase
+from ..answers import AnswerChecker, final_answer
+from ..data.records import problem_fields, read_objects
+from ..errors import BetaPRMInputError
+from ..generation.factory import BACKEND_HELP, RUNTIME_SETTINGS, BackendOptions, build_generator
+from ..image_files import ImageRefused, read_image, resolve_image
 from ..options import opt as _f
-from ..provenance import OutputOptions
+from ..provenance import OutputOptions, check_paths, fingerprint, model_fingerprint, open_output, settings_of
+from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
+from ..synth.experiment import split_seeds
+from ..types import Task
+
+
+@dataclass
+class GenerationOptions(BackendOptions):
+    """``BackendOptions`` with the demo's chain-arithmetic policy (registered as ``synth`` by
+    ``betaprm.synth``) as one more backend, and the default one."""
+
+    backend: str = _f("synth", "synth (the chain-arithmetic policy), " + BACKEND_HELP)
 
 
 @dataclass
@@ -37,7 +55,7 @@ class ProblemOptions(OutputOptions):
     device: str = _f("auto", "PRM device: auto, cpu, cuda, ...")
 
     def problem_checks(self) -> list[str]:
-        bad = self._check_backend() + self.batch_problems()
+        bad = self.backend_problems() + self.batch_problems()
         if not self.model:
             bad.append("--model is required (the PRM that scores)")
         if not self.out:
@@ -78,8 +96,6 @@ NOT_RESULTS = {
 
 def result_settings(cfg, not_results=NOT_RESULTS) -> dict:
     """What makes --out's records: compared with OUT.meta.json when a run resumes."""
-    from ..provenance import fingerprint, model_fingerprint, settings_of
-
     return {
         "model": model_fingerprint(cfg.model),
         "policy": fingerprint(cfg.policy) if cfg.policy else "",
@@ -91,8 +107,7 @@ def result_settings(cfg, not_results=NOT_RESULTS) -> dict:
 def run_with_output(cfg, run, not_results=NOT_RESULTS):
     """``run(cfg)`` with --out checked against its earlier settings and locked, before the
     model loads: a wrong resume stops at once."""
-    from ..model import model_kind
-    from ..provenance import check_paths, open_output
+    from ..model import model_kind  # torch: loaded when a command runs, not for --help
 
     plots = getattr(cfg, "plots", None)
     check_paths(
@@ -123,8 +138,7 @@ def setup(cfg) -> SimpleNamespace:
     file) and ``close()`` (stops the answer checker's workers)."""
     import torch
 
-    from ..generation.factory import build_generator
-    from ..model import BetaPRM, model_kind
+    from ..model import BetaPRM, model_kind  # torch: loaded when a command runs, not for --help
     from ..scoring import PRMScorer
 
     # A problems file is read, its images checked, before the model loads: a bad path stops at once.
@@ -135,20 +149,14 @@ def setup(cfg) -> SimpleNamespace:
     print(f"{cfg.model} ({model_kind(cfg.model)}) scores the candidates")
     run = SimpleNamespace(prm=prm, scorer=PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens), close=lambda: None)
     if cfg.problems is None:
-        from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
-        from ..synth.experiment import split_seeds
-
         run.world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else World().cfg)
         run.tasks = synth_tasks(run.world.sample_problems(cfg.n_problems, split_seeds(cfg.seed).test_problems, "test"))
         tok = prm.tokenizer
         run.generator = build_generator(
-            cfg, run.world, count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False)), seed=cfg.seed
+            cfg, seed=cfg.seed, world=run.world, count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False))
         )
         run.answer_of, run.is_correct = synth_answer, synth_is_correct
         return run
-    from ..answers import AnswerChecker, final_answer
-    from ..errors import BetaPRMInputError
-
     run.world = None
     run.tasks = tasks
     with_images = next((t for t in tasks if t.images), None)
@@ -179,10 +187,6 @@ def read_problems(path: str, image_root: str | None = None, where: dict | None =
     """Problems (id, question, optional answer and images) with file:line errors. Image
     paths are relative to ``image_root`` (default: the file's folder) and must stay inside
     it; ``where``, when given, receives each problem's ``file:line`` by id."""
-    from ..data.records import problem_fields, read_objects
-    from ..errors import BetaPRMInputError
-    from ..types import Task
-
     tasks, seen = [], set()
     for at, r in read_objects(
         path,
@@ -209,11 +213,6 @@ def _images(r: dict, where: str, path: str, image_root: str | None = None) -> li
     """A problem's ``images`` as real paths inside ``image_root`` (default: the problems
     file's folder), each decoded as an image within the size caps: they may be sent to a
     server, so nothing else is let through."""
-    from pathlib import Path
-
-    from ..errors import BetaPRMInputError
-    from ..image_files import ImageRefused, read_image, resolve_image
-
     imgs = r.get("images", [])
     if not isinstance(imgs, list) or not all(isinstance(p, str) and p for p in imgs):
         raise BetaPRMInputError(f"{where}: field 'images' must be a list of image paths, got {imgs!r:.80}")
@@ -231,8 +230,6 @@ def _images(r: dict, where: str, path: str, image_root: str | None = None) -> li
 
 def summary_line(name: str, s: dict, out: str, extra: str = "") -> str:
     """The closing line of a run: accuracy (or that there were no answers), tokens."""
-    from ..aca import accuracy_phrase
-
     return (
         f"{name}: {s['n']} problems, {accuracy_phrase(s)}, {s['tokens']} generated tokens "
         f"({s['tokens'] / max(s['n'], 1):.0f} per problem){extra}"

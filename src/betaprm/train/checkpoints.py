@@ -1,0 +1,199 @@
+"""The training checkpoint format: the full model state in safetensors (``save_state``,
+``read_state``, ``load_state``), and the run record (``betaprm_run.json``) every checkpoint
+holds, which a resume must match; the checks before a run writes into ``--output-dir``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..errors import BetaPRMInputError
+from ..model import CONFIG_NAME
+from ..provenance import differences, fingerprint, model_fingerprint, settings_of
+from .config import TrainConfig, uses_batch_rebalance
+
+logger = logging.getLogger(__name__)
+
+STATE_NAME = "model.safetensors"
+"""A checkpoint's model state (the Trainer's pickled weights are not used)."""
+
+
+def save_state(state_dict: dict, path) -> None:
+    """Safetensors of a full state dict; tensors that share storage (tied embeddings)
+    are written once and recorded as aliases."""
+    seen, out, aliases = {}, {}, {}
+    for k, v in state_dict.items():
+        key = (v.device, v.data_ptr(), tuple(v.shape), tuple(v.stride())) if v.numel() else None
+        if key is not None and key in seen:
+            aliases[k] = seen[key]
+            continue
+        if key is not None:
+            seen[key] = k
+        out[k] = v.detach().to("cpu").contiguous()
+    save_file(out, str(path), metadata={"format": "pt", "betaprm_aliases": json.dumps(aliases)})
+
+
+def read_state(path) -> dict:
+    """The full state dict ``save_state`` wrote, aliases restored."""
+    with safe_open(str(path), framework="pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("betaprm_aliases", "{}"))
+    sd = load_file(str(path))
+    for k, src in aliases.items():
+        sd[k] = sd[src]
+    return sd
+
+
+def load_state(model: nn.Module, path, sharded: bool = False) -> None:
+    """Load a full state dict into ``model``; ``sharded``: an FSDP model, whose parameters
+    are shards (DTensors), filled through torch's distributed state-dict API."""
+    sd = read_state(path)
+    if sharded:
+        # FSDP only: torch.distributed.checkpoint is not loaded by other runs.
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=True))
+    else:
+        model.load_state_dict(sd, strict=True)
+
+
+RUN_NAME = "betaprm_run.json"
+"""Written into every checkpoint: the run's settings, which a resume must match."""
+
+# TrainConfig fields that do not change the trained model (logging, saving, paths,
+# devices, how a global batch is split into micro-batches): left out of the settings a
+# resume must match. The data and the starting model enter as fingerprints of their contents.
+NOT_RESULTS = {
+    "model",
+    "data",
+    "output_dir",
+    "logging_steps",
+    "save_steps",
+    "save_total_limit",
+    "plots",
+    "report_to",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+    "push_to_hub",
+    "hub_private",
+    "license",
+    "on_error",
+    "rejects",
+    "trust_remote_code",
+    "dataloader_num_workers",
+    "use_cpu",
+    "ddp_backend",
+    "per_device_batch_size",
+    "gradient_checkpointing",
+    "packing",
+}
+
+# Settings renamed since: a run record that has the old name resumes under the new one.
+RENAMED = {"max_tokens_per_batch": "max_batch_tokens"}
+
+
+def run_record(cfg: TrainConfig) -> dict:
+    """The run's settings (data and starting model by fingerprint, the hyperparameters
+    that change the result) and, for messages only, where the data and model came from."""
+    settings = {"data": fingerprint(cfg.data), "model": model_fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    # Recorded only when not the default: older checkpoints, without them, still resume.
+    for name, default in (("max_batch_tokens", 0), ("freeze_layers", 0), ("step_weights", "batch")):
+        if getattr(cfg, name) == default:
+            del settings[name]
+    # Whether the rebalancing sampler orders the batches (the flag is moot under grouping or a
+    # token budget): recorded only when it does, so a checkpoint from before it existed (random
+    # order) resumes only with --no-batch-rebalance, in its own order.
+    if not uses_batch_rebalance(cfg):
+        del settings["batch_rebalance"]
+    return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
+
+
+def refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
+    """A new run in a directory that holds files stops, unless told to overwrite: the
+    Trainer's rotation would delete the earlier run's checkpoints and the final save
+    overwrite its model. With --overwrite-output-dir the earlier checkpoints go first, so
+    rotation and `--resume-from-checkpoint last` never mix two runs' checkpoints."""
+    out = Path(cfg.output_dir)
+    if cfg.resume_from_checkpoint or not out.is_dir():
+        return
+    # rejects.jsonl: with several processes, rank 0 may write this run's before another rank looks.
+    used = sorted(p.name for p in out.iterdir() if p.name != "rejects.jsonl")
+    if not used:
+        return
+    if not cfg.overwrite_output_dir:
+        shown = ", ".join(used[:4]) + (f" and {len(used) - 4} more" if len(used) > 4 else "")
+        raise BetaPRMInputError(
+            f"--output-dir {out} is not empty ({shown}): a new run there would delete the earlier run's checkpoints "
+            "and overwrite "
+            "its model. Continue that run with --resume-from-checkpoint last, choose another --output-dir, or pass "
+            "--overwrite-output-dir to start anew there"
+        )
+    if rank == 0:
+        for old in out.glob("checkpoint-*"):
+            shutil.rmtree(old)
+        # Without its BetaPRM config the earlier final model no longer loads, so a run of
+        # this one that stops early cannot leave the directory looking like a finished model.
+        for name in (CONFIG_NAME, "train_summary.json"):
+            (out / name).unlink(missing_ok=True)
+
+
+def check_resume(resume: str, record: dict, say=logger.warning) -> None:
+    """Stop when the checkpoint's run had other data or hyperparameters: its optimiser
+    state and schedule would go on under settings they were not made for."""
+    if not Path(resume).is_dir():
+        raise BetaPRMInputError(f"--resume-from-checkpoint {resume}: no such checkpoint directory")
+    path = Path(resume) / RUN_NAME
+    if not path.is_file():
+        say(
+            f"{resume}: no {RUN_NAME} (a checkpoint from before runs recorded their settings): resuming without "
+            "checking data and hyperparameters"
+        )
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if (
+            not isinstance(old, dict)
+            or not isinstance(old.get("settings"), dict)
+            or not isinstance(old.get("info", {}), dict)
+        ):
+            raise TypeError("settings and info must be objects")
+        settings = {RENAMED.get(k, k): v for k, v in old["settings"].items()}
+        diff = differences(settings, record["settings"], old.get("info"), record["info"])
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise BetaPRMInputError(
+            f"{path}: not a betaprm run record; remove it to resume without checking the settings"
+        ) from None
+    if diff:
+        raise BetaPRMInputError(
+            f"--resume-from-checkpoint {resume}: the checkpoint's run had other settings (recorded in {path}):\n  "
+            + "\n  ".join(diff)
+            + "\nresume with the checkpoint's settings, or start a new run in another --output-dir (or here with "
+            "--overwrite-output-dir, "
+            "which deletes these checkpoints)"
+        )
+
+
+class RunRecorder(TrainerCallback):
+    """A callback that writes ``record`` into every checkpoint it saves."""
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            (folder / RUN_NAME).write_text(json.dumps(self.record, indent=2) + "\n")
+
+
+def last_checkpoint(output_dir: str) -> str:
+    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    if last is None:
+        raise BetaPRMInputError(f"--resume-from-checkpoint last: no checkpoint-* folder in {output_dir}")
+    return last
