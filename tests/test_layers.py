@@ -159,3 +159,20 @@ def test_tests_and_benchmarks_use_public_names():
             if private:
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {', '.join(private)}")
     assert bad == [], "\n".join(bad)
+
+
+def test_layout_doc_matches_the_code():
+    """docs/layout.md draws the layers pyproject.toml's contract enforces, in the same order,
+    and names every module of the package (and none that is gone)."""
+    import re
+    import tomllib
+
+    text = (ROOT / "docs" / "layout.md").read_text()
+    layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    drawn = text.split("```")[1].strip().splitlines()
+    assert [line.split("   ")[0].strip() for line in drawn] == layers
+    files = {p.name for p in SRC.rglob("*.py")}
+    tree = text.split("## One line per module")[1].split("```")[1].split("configs/accelerate/")[0]
+    named = set(re.findall(r"\b[a-z_]+\.py\b", tree))
+    assert files - named == set()
+    assert named - files == set()

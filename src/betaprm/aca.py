@@ -39,7 +39,7 @@ import numpy as np
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
 from .options import opt as _f
-from .provenance import completed_ids, json_line, records_in_order
+from .provenance import TaskRecords
 from .selection import METHODS, TuneResult, candidate_scores
 from .selectors import hit
 from .types import StepScores, Task
@@ -281,20 +281,8 @@ def run_aca(
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
     from ``out`` when it already holds them)."""
-    done_ids = completed_ids(out) if out else set()
-    ids = [t.id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise BetaPRMInputError("ACA tasks need unique ids")
-    todo = [ACAState(t, cfg) for t in tasks if t.id not in done_ids]
-    fh = open(out, "a", encoding="utf-8") if out else None
-    bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), desc="ACA", unit="problem")
-    fresh: dict[str, dict] = {}
-    try:
-        active = todo
+    with TaskRecords(out, [t.id for t in tasks], "ACA", progress) as output:
+        active = [ACAState(t, cfg) for t in output.todo(tasks)]
         while active:
             comps = generator.generate([s.next_req for s in active])
             new: list[tuple[ACAState, Candidate]] = []
@@ -320,22 +308,11 @@ def run_aca(
             for s in active:
                 s.decide()
                 if s.done:
-                    rec = s.record(is_correct, write_candidates)
-                    fresh[s.task.id] = rec
-                    if fh:
-                        fh.write(json_line(rec))  # a NaN raises before the record is written
-                        fh.flush()
-                    if bar:
-                        bar.update(1)
+                    output.write(s.task.id, s.record(is_correct, write_candidates))
                 else:
                     still.append(s)
             active = still
-    finally:
-        if fh:
-            fh.close()
-        if bar:
-            bar.close()
-    return records_in_order(ids, fresh, out if done_ids else None)
+    return output.records()
 
 
 def summarize(records: Sequence[dict]) -> dict:

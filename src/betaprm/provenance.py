@@ -486,6 +486,53 @@ def records_in_order(ids, fresh: dict, out=None) -> list[dict]:
     return [fresh.get(i) or old[i] for i in ids]
 
 
+class TaskRecords:
+    """One record per task, appended to ``out`` (JSONL) as each task finishes, with a
+    progress bar; tasks already in ``out`` are skipped (``todo``) and read back at the end
+    (``records``), so an interrupted run continues with nothing duplicated.
+
+    ``with TaskRecords(out, ids, "ACA") as rec: ... rec.write(task_id, record)``."""
+
+    def __init__(self, out, ids, what: str, progress: bool = True, desc: str | None = None):
+        if len(set(ids)) != len(ids):
+            raise BetaPRMInputError(f"{what} tasks need unique ids")
+        self.out, self.ids, self.what, self.desc, self.progress = out, list(ids), what, desc or what, progress
+        self.done = completed_ids(out) if out else set()
+        self.fresh: dict[str, dict] = {}
+        self._file = self._bar = None
+
+    def todo(self, tasks) -> list:
+        """The tasks (with an ``id``) not in ``out`` yet."""
+        return [t for t in tasks if t.id not in self.done]
+
+    def __enter__(self):
+        self._file = open(self.out, "a", encoding="utf-8") if self.out else None
+        left = len(self.ids) - len(self.done & set(self.ids))
+        if self.progress and left:
+            from tqdm.auto import tqdm  # loaded when a run starts, not when the CLI does
+
+            self._bar = tqdm(total=left, desc=self.desc, unit="problem")
+        return self
+
+    def write(self, task_id: str, record: dict) -> None:
+        """``record`` of a finished task: kept, and written (a NaN raises before it is)."""
+        self.fresh[task_id] = record
+        if self._file:
+            self._file.write(json_line(record))
+            self._file.flush()
+        if self._bar:
+            self._bar.update(1)
+
+    def __exit__(self, *exc):
+        for handle in (self._file, self._bar):
+            if handle:
+                handle.close()
+
+    def records(self) -> list[dict]:
+        """Every task's record, in ``ids``' order (earlier runs' read back from ``out``)."""
+        return records_in_order(self.ids, self.fresh, self.out if self.done else None)
+
+
 def completed_ids(path) -> set[str]:
     """Ids already in an output file. A last line without its newline is the remains of
     an interrupted write: it is cut off (and said so), every complete line is kept."""

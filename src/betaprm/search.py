@@ -42,7 +42,7 @@ from .aca import final_selector_problems
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
 from .options import opt as _f
-from .provenance import completed_ids, json_line, records_in_order
+from .provenance import TaskRecords
 from .selection import METHODS, candidate_scores
 from .types import StepScores, Task
 
@@ -222,20 +222,8 @@ def run_search(
     ``out``: a JSONL file each finished problem appends its record to; a rerun skips the
     problems already there (requests carry seeds derived from the problem, round and beam,
     so a resumed run draws what an uninterrupted one would)."""
-    ids = [t.id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise BetaPRMInputError("search tasks need unique ids")
-    done_ids = completed_ids(out) if out else set()
-    states = [_Search(t, cfg) for t in tasks if t.id not in done_ids]
-    fresh: dict[str, dict] = {}
-    fh = open(out, "a", encoding="utf-8") if out else None
-    bar = None
-    if progress and states:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(states), desc=cfg.method, unit="problem")
-    active = states
-    try:
+    with TaskRecords(out, [t.id for t in tasks], "search", progress, desc=cfg.method) as output:
+        active = [_Search(t, cfg) for t in output.todo(tasks)]
         while active:
             plans = [
                 (s, req, grp)
@@ -271,16 +259,6 @@ def run_search(
                 if s.plan:
                     still.append(s)
                     continue
-                rec = fresh[s.task.id] = s.record(is_correct, write_candidates)
-                if fh:
-                    fh.write(json_line(rec))
-                    fh.flush()
-                if bar:
-                    bar.update(1)
+                output.write(s.task.id, s.record(is_correct, write_candidates))
             active = still
-    finally:
-        if fh:
-            fh.close()
-        if bar:
-            bar.close()
-    return records_in_order(ids, fresh, out if done_ids else None)
+    return output.records()

@@ -18,7 +18,7 @@ parquet files, saved ``datasets`` folders and hub names through ``sources.iter_r
 which yields rows the same way. A JSONL line may be at most ``MAX_LINE_BYTES`` (64 MiB)
 long; a longer one is a problem of its line, read past without being held in memory.
 
-Over 400 lines because the format and its one strict reader belong together: every field
+Over 400 lines because the format and its validation belong together: every field
 rule is written once, next to the message that names its fix.
 """
 
