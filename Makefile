@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.betaprm-installed
 
-.PHONY: install test test-all format demo bench bench-memory bench-train clean
+.PHONY: install test test-all format demo bench bench-memory bench-train dist clean
 
 install: $(STAMP)
 
@@ -54,6 +54,14 @@ bench-memory: $(STAMP)
 bench-train: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
 	$(PY) benchmarks/train_vs_trl.py
+
+# The wheel and the sdist in dist/. --no-isolation builds with the venv's setuptools (the
+# `build` package comes with the test extra), so nothing is downloaded. The build's
+# src/betaprm.egg-info goes: on the editable install's path it would be a second betaprm.
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	rm -rf src/betaprm.egg-info
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -15,6 +15,10 @@ CPU. The runs, each in its own process, one at a time, alternating over ``--roun
 - ``beta-binomial``: ``betaprm train`` with the BetaPRM objective on the same traces;
 - ``+pad``: the same with ``--no-packing`` (right-padded batches, as TRL's);
 - ``+group``: the same with ``--group-by-length`` (batches of similar length in random order).
+- ``bare-hard-ce`` / ``bare-beta-binomial``: the least any trainer can do on the same model,
+  traces, batches and packing — a plain loop of forward, the loss at the markers, backward and
+  AdamW (betaprm's own model, collator and losses; no Trainer, no scheduler, no clipping, no
+  logging): the floor ``betaprm train``'s step is measured against;
 - ``+freezeN`` (not run unless named in ``--runs``): the same with ``--freeze-layers N`` (the
   embeddings and the bottom N of the 6 layers frozen), e.g. ``--runs hard-ce,hard-ce+freeze3``.
 
@@ -38,7 +42,7 @@ import tempfile
 import time
 
 WORDS = "so then we add multiply the result is carry remainder therefore answer value step seven digits sum".split()
-RUNS = ("trl", "hard-ce", "beta-binomial", "hard-ce+pad", "beta-binomial+pad", "hard-ce+group")
+RUNS = ("trl", "hard-ce", "beta-binomial", "bare-hard-ce", "bare-beta-binomial", "hard-ce+pad", "hard-ce+group")
 
 
 def make_traces(n: int, seed: int = 0) -> list[dict]:
@@ -109,9 +113,54 @@ def timer_callback(warmup: int, steps: int, out: dict):
     return Timer()
 
 
+def bare_loop(objective: str, work: str, batch: int, warmup: int, steps: int, precision: str) -> dict:
+    """The floor: forward, the loss at the markers, backward and AdamW over the same packed
+    batches ``betaprm train`` makes (its model, collator and losses), in a plain loop."""
+    import contextlib
+
+    import torch
+
+    from betaprm.batching import pad_id
+    from betaprm.beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
+    from betaprm.data.records import read_records
+    from betaprm.model import BetaPRM
+    from betaprm.train.dataset import CountsCollator, encode_records
+
+    prm = BetaPRM.from_backbone(os.path.join(work, "lm"))
+    prm.train()
+    data = encode_records(prm, read_records(os.path.join(work, "records.jsonl")).records, max_length=4096)
+    collate = CountsCollator(pad_id(prm.tokenizer), pack=True)
+    opt = torch.optim.AdamW([p for p in prm.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.05)
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).tolist()
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    tokens = [len(data[i]["input_ids"]) for i in range(len(data))]
+    for step in range(warmup + steps):
+        if step == warmup:
+            t0 = time.perf_counter()
+        at = step * batch % len(order)
+        inputs = collate([data[i] for i in (order + order)[at : at + batch]])
+        k, n = inputs["mc_correct"].float(), inputs["mc_total"].float()
+        with cast:
+            out = prm(input_ids=inputs["input_ids"], position_ids=inputs["position_ids"])
+        mu, kappa = out.mu.float(), out.kappa.float()
+        if objective == "beta-binomial":
+            loss = (beta_binomial_nll(mu, kappa, k, n) + 0.05 * evidence_regularizer(mu, kappa, k, n)).mean()
+        else:
+            loss = soft_ce_loss(mu, (k / n > 0.5).float() * n, n).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - t0
+    return {"traces_per_s": batch * steps / seconds, "mean_tokens": statistics.mean(tokens)}
+
+
 def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: str = "bf16") -> dict:
     """One timed run in this process; returns traces/s and mean tokens per trace."""
     import torch
+
+    if run.startswith("bare-"):
+        torch.manual_seed(0)
+        return {"run": run, **bare_loop(run.removeprefix("bare-"), work, batch, warmup, steps, precision)}
 
     torch.manual_seed(0)
     lm = os.path.join(work, "lm")
@@ -157,7 +206,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: 
             objective=run.split("+")[0],
             max_steps=warmup + steps,
             global_batch_size=batch,
-            per_device_batch_size=batch,
+            per_device_train_batch_size=batch,
             learning_rate=1e-5,
             logging_steps=10**6,
             save_steps=10**9,
@@ -239,10 +288,18 @@ def main(argv=None):
             "each": [x["traces_per_s"] for x in rs],
         }
     base = summary.get("trl")
-    print(f"\n{'run':16s} {'traces/s':>9s} {'tokens/s':>9s} {'tokens/trace':>13s} {'vs TRL':>7s}")
+    print(
+        f"\n{'run':20s} {'traces/s':>9s} {'tokens/s':>9s} {'tokens/trace':>13s} {'vs TRL':>7s} {'step vs bare':>13s}"
+    )
     for run, s in summary.items():
         ratio = f"{s['traces_per_s'] / base['traces_per_s']:.2f}x" if base else "-"
-        print(f"{run:16s} {s['traces_per_s']:9.2f} {s['tokens_per_s']:9.0f} {s['mean_tokens']:13.1f} {ratio:>7s}")
+        # A trainer's step time over the bare loop's on the same objective: its overhead.
+        bare = summary.get("bare-" + run.split("+")[0]) if not run.startswith(("bare-", "trl")) else None
+        over = f"{bare['traces_per_s'] / s['traces_per_s']:.2f}x" if bare else "-"
+        print(
+            f"{run:20s} {s['traces_per_s']:9.2f} {s['tokens_per_s']:9.0f} {s['mean_tokens']:13.1f} {ratio:>7s} "
+            f"{over:>13s}"
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "summary": summary}, f, indent=2)

@@ -26,7 +26,7 @@ def main():
         data=data,
         output_dir=out,
         global_batch_size=8,
-        per_device_batch_size=2,
+        per_device_train_batch_size=2,
         learning_rate=1e-3,
         max_steps=4,
         logging_steps=2,

@@ -582,7 +582,7 @@ def test_prm_micro_batches_reach_betaprm_train(monkeypatch, tmp_path):
     for n in (1, 4):
         with pytest.raises(Seen):
             train_prm(DemoConfig(prm_micro_batches=n).effective(), tmp_path, "p", "soft-ce", 0, "cpu", print)
-    assert [(c.global_batch_size, c.per_device_batch_size, c.batch_rebalance) for c in seen] == [
+    assert [(c.global_batch_size, c.per_device_train_batch_size, c.batch_rebalance) for c in seen] == [
         (32, 32, True),
         (32, 8, True),
     ]

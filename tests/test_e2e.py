@@ -32,7 +32,7 @@ def test_train_reload_score(tmp_path):
         "2e-3",
         "--global-batch-size",
         "16",
-        "--per-device-batch-size",
+        "--per-device-train-batch-size",
         "8",
         "--max-steps",
         "48",

@@ -84,7 +84,7 @@ def test_train_in_bf16_on_gpu(tmp_path):
         data=str(data),
         output_dir=str(tmp_path / "run"),
         global_batch_size=8,
-        per_device_batch_size=8,
+        per_device_train_batch_size=8,
         learning_rate=1e-3,
         max_steps=8,
         logging_steps=2,

@@ -29,6 +29,8 @@ HEAVY = (
     "train.trainer",
     "train.checkpoints",
     "train.dataset",
+    "train.evaluate",
+    "train.finish",
     "tiny",
     "generation.hf",
     "serve",

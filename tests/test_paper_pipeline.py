@@ -75,7 +75,7 @@ def test_paper_pipeline_on_tiny_models(tmp_path):
                 "2",
                 "--global-batch-size",
                 "4",
-                "--per-device-batch-size",
+                "--per-device-train-batch-size",
                 "2",
                 "--learning-rate",
                 "1e-3",

@@ -199,7 +199,7 @@ def train_args(lm, data, out, *extra):
         str(out),
         "--global-batch-size",
         "4",
-        "--per-device-batch-size",
+        "--per-device-train-batch-size",
         "4",
         "--learning-rate",
         "1e-3",
@@ -296,7 +296,8 @@ def test_eval_bon_out_records_its_settings(tmp_path):
     ]
     pools.write_text(
         "".join(
-            json.dumps({"id": f"p{i}", "question": "3 + 4?", "answer": "7", "candidates": c}) + "\n" for i in range(10)
+            json.dumps({"id": f"p{i}", "question": f"3 + 4? ({i})", "answer": "7", "candidates": c}) + "\n"
+            for i in range(10)
         )
     )
     out = tmp_path / "r.json"

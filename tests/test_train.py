@@ -33,7 +33,7 @@ def cfg(lm_dir, counts, out, **kw):
         data=str(counts),
         output_dir=str(out),
         global_batch_size=8,
-        per_device_batch_size=4,
+        per_device_train_batch_size=4,
         learning_rate=1e-3,
         max_steps=6,
         logging_steps=2,
@@ -235,7 +235,7 @@ def test_bad_config_is_one_clear_error(lm_dir, counts):
         and "--global-batch-size must be >= 1" in msg
     )
     with pytest.raises(BetaPRMInputError, match="not a multiple"):
-        train(cfg(lm_dir, counts, "/tmp/x", global_batch_size=6, per_device_batch_size=4))
+        train(cfg(lm_dir, counts, "/tmp/x", global_batch_size=6, per_device_train_batch_size=4))
 
 
 def test_group_by_length_batches_similar_lengths(tmp_path, lm_dir, counts):
@@ -290,7 +290,7 @@ def test_non_finite_training_stops_before_writing_nan_weights(tmp_path, lm_dir, 
             str(out),
             "--global-batch-size",
             "8",
-            "--per-device-batch-size",
+            "--per-device-train-batch-size",
             "4",
             "--learning-rate",
             "1e30",
@@ -415,7 +415,7 @@ def test_packed_batches_give_the_padded_loss_and_gradients(tmp_path, lm_dir, cou
 
 
 def test_packed_training_matches_padded_training(tmp_path, lm_dir, counts):
-    kw = dict(aux_lm_weight=0.3, save_steps=100, per_device_batch_size=8)
+    kw = dict(aux_lm_weight=0.3, save_steps=100, per_device_train_batch_size=8)
     a, _, _ = train(cfg(lm_dir, counts, tmp_path / "pad", packing=False, **kw))
     b, trainer, _ = train(cfg(lm_dir, counts, tmp_path / "pack", packing=True, **kw))
     assert not trainer.packing_unchecked  # some batch really did pack two traces into a row
@@ -441,7 +441,9 @@ def test_packing_check_stops_a_backbone_whose_attention_ignores_position_ids(tmp
 def test_packing_check_passes_under_bf16_autocast(tmp_path, lm_dir, counts):
     """bf16 rounds the packed and padded layouts differently; the check must not take that
     for traces that see each other (it once did, in benchmarks/train_vs_trl.py)."""
-    run = cfg(lm_dir, counts, tmp_path / "bf16", precision="bf16", max_steps=4, save_steps=9, per_device_batch_size=8)
+    run = cfg(
+        lm_dir, counts, tmp_path / "bf16", precision="bf16", max_steps=4, save_steps=9, per_device_train_batch_size=8
+    )
     _, trainer, _ = train(run)
     assert trainer.args.bf16 and not trainer.packing_unchecked  # a packed batch was checked and passed
 
@@ -481,8 +483,8 @@ def test_a_step_is_the_same_however_it_is_cut_into_micro_batches(tmp_path, lm_di
     """The loss of an optimiser step is the mean over its scored steps: 2 micro-batches of 4
     traces give the weights of 1 batch of 8 (a mean of per-micro-batch means would not)."""
     kw = dict(aux_lm_weight=0.3, save_steps=100, objective="beta-binomial")
-    a, _, _ = train(cfg(lm_dir, counts, tmp_path / "a", per_device_batch_size=4, **kw))
-    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "b", per_device_batch_size=8, **kw))
+    a, _, _ = train(cfg(lm_dir, counts, tmp_path / "a", per_device_train_batch_size=4, **kw))
+    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "b", per_device_train_batch_size=8, **kw))
     pa, pb = params(a), params(b)
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-5, msg=k)
@@ -507,7 +509,7 @@ def test_batch_rebalance_deals_each_random_step_into_length_sorted_micro_batches
     whole = np.mean([np.ptp([lengths[i] for b in s for i in b]) for s in steps])
     assert inner < 0.6 * whole
     # What a step holds does not depend on how it is cut: its traces are the same draw.
-    cut2 = train(cfg(lm_dir, counts, tmp_path / "c", global_batch_size=16, per_device_batch_size=8, max_steps=1))
+    cut2 = train(cfg(lm_dir, counts, tmp_path / "c", global_batch_size=16, per_device_train_batch_size=8, max_steps=1))
     two = list(cut2[1]._get_train_sampler())
     assert [sorted(two[k] + two[k + 1]) for k in range(0, 8, 2)] == [sorted(sum(s, [])) for s in steps[:4]]
     off = train(cfg(lm_dir, counts, tmp_path / "o", batch_rebalance=False, max_steps=1, save_steps=100))[1]
@@ -659,8 +661,8 @@ def test_step_weights_data_divides_every_step_by_the_datas_mean_count(tmp_path, 
     mean scored steps and LM tokens per trace x the step's traces), so every scored step weighs
     the same whatever its batch; still independent of how a step is cut into micro-batches."""
     kw = dict(aux_lm_weight=0.3, save_steps=100, objective="beta-binomial", step_weights="data")
-    a, ta, _ = train(cfg(lm_dir, counts, tmp_path / "a", per_device_batch_size=4, **kw))
-    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "b", per_device_batch_size=8, **kw))
+    a, ta, _ = train(cfg(lm_dir, counts, tmp_path / "a", per_device_train_batch_size=4, **kw))
+    b, _, _ = train(cfg(lm_dir, counts, tmp_path / "b", per_device_train_batch_size=8, **kw))
     pa, pb = params(a), params(b)
     for k in pa:
         torch.testing.assert_close(pb[k], pa[k], rtol=1e-4, atol=1e-5, msg=k)
@@ -673,9 +675,11 @@ def test_step_weights_data_divides_every_step_by_the_datas_mean_count(tmp_path, 
     batches = [ta.data_collator([ta.train_dataset[i] for i in range(j, j + 4)]) for j in (0, 4)]
     _, n = ta.get_batch_samples(iter(batches), 2, "cpu")
     assert n == pytest.approx(8 * steps) and ta._step_lm_tokens == pytest.approx(8 * tokens)
-    c, _, _ = train(cfg(lm_dir, counts, tmp_path / "c", per_device_batch_size=8, **{**kw, "step_weights": "batch"}))
+    c, _, _ = train(
+        cfg(lm_dir, counts, tmp_path / "c", per_device_train_batch_size=8, **{**kw, "step_weights": "batch"})
+    )
     assert any(not torch.equal(v, params(c)[k]) for k, v in pb.items())  # the weighting is in effect
     summary = json.loads((tmp_path / "a" / "train_summary.json").read_text())
     assert summary["run"]["settings"]["step_weights"] == "data"
-    with pytest.raises(Exception, match="--step-weights must be batch or data"):
+    with pytest.raises(Exception, match="--step-weights must be one of batch, data, got 'tokens'"):
         cfg(lm_dir, counts, tmp_path / "d", step_weights="tokens")

@@ -80,7 +80,7 @@ def main():
                 max_steps=a.steps,
                 save_steps=10**6,
                 global_batch_size=8,
-                per_device_batch_size=8,
+                per_device_train_batch_size=8,
                 learning_rate=1e-3,
                 logging_steps=5,
                 precision=p,

@@ -81,7 +81,7 @@ class ACASettings:
     c_cut: float = _f(1.0, "cut point: the earliest step with mu - c_cut*sigma < p_bad")
     p_bad: float = _f(0.3, "cut point threshold")
     stop_margin: float = _f(0.0, "stop only when LCB(best) exceeds max UCB(competitors) by more than this")
-    final: str = _f("rb", f"final selector: {', '.join(METHODS)} (betaprm.selection; rb is S_RB)")
+    final: str = _f("rb", f"final selector: {', '.join(METHODS)} (betaprm.selection; rb is S_RB)", choices=METHODS)
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (tune it on validation pools; required for rb)")
     seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id and the round)")
@@ -102,7 +102,9 @@ class ACAConfig(ACASettings):
     early_stop: bool = _f(True, "stop when the best candidate is reliably ahead (False: always spend the budget)")
     repair: bool = _f(True, "later batches continue a competitor's kept prefix (False: sample them from scratch)")
     uncertainty: str = _f(
-        "learned", "sigma used by ACA: " + ", ".join(f"{name} ({what})" for name, what in UNCERTAINTIES.items())
+        "learned",
+        "sigma used by ACA: " + ", ".join(f"{name} ({what})" for name, what in UNCERTAINTIES.items()),
+        choices=tuple(UNCERTAINTIES),
     )
 
     def __post_init__(self):

@@ -209,6 +209,7 @@ class BetaPRM(nn.Module):
         trust_remote_code: bool = False,
         dtype=None,
         processor=None,
+        attn_implementation: str | None = None,
     ) -> BetaPRM:
         """Wrap a causal LM or a vision-language model (an instance, or a local
         directory / hub id) as a BetaPRM.
@@ -217,7 +218,8 @@ class BetaPRM(nn.Module):
         rows set to the mean of the existing ones) and resolves the two reward words to
         single token ids. A vision-language model (its config has a ``vision_config``)
         loads as ``AutoModelForImageTextToText`` with its processor (an instance needs
-        ``processor=``, whose tokenizer is then the tokenizer).
+        ``processor=``, whose tokenizer is then the tokenizer). ``attn_implementation``
+        (eager, sdpa, flash_attention_2, ...) goes to the backbone's ``from_pretrained``.
         """
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
@@ -228,7 +230,11 @@ class BetaPRM(nn.Module):
             vision = is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
             auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
             backbone = auto.from_pretrained(
-                path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=None
+                path,
+                trust_remote_code=trust_remote_code,
+                dtype=dtype,
+                use_safetensors=None,
+                **({"attn_implementation": attn_implementation} if attn_implementation else {}),
             )
             if tokenizer is None:
                 tokenizer = (
@@ -410,11 +416,19 @@ class BetaPRM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path, *, revision: str | None = None, trust_remote_code: bool = False, dtype=None, device=None
+        cls,
+        name_or_path,
+        *,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+        dtype=None,
+        device=None,
+        attn_implementation: str | None = None,
     ) -> BetaPRM:
         """Load a BetaPRM written by ``save_pretrained``: a local folder, or a hub name
         (``OWNER/NAME``, ``revision`` a branch, tag or commit) resolved through the Hugging
-        Face cache (``betaprm.hub``)."""
+        Face cache (``betaprm.hub``). ``attn_implementation`` goes to the backbone's
+        ``from_pretrained`` (default: transformers' choice)."""
         import transformers
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -441,7 +455,11 @@ class BetaPRM(nn.Module):
         damaged = "the checkpoint is damaged ({}); re-save it with save_pretrained, or re-train"
         try:
             backbone = auto.from_pretrained(
-                path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True
+                path,
+                trust_remote_code=trust_remote_code,
+                dtype=dtype,
+                use_safetensors=True,
+                **({"attn_implementation": attn_implementation} if attn_implementation else {}),
             )
         except (OSError, SafetensorError) as e:
             weights = sorted(path.glob("model*.safetensors"))

@@ -54,11 +54,11 @@ RANKS = ("mu", "ucb")
 class SearchConfig:
     """Beam search / DVTS parameters (search-and-learn's defaults where it has them)."""
 
-    method: str = _f("beam", "beam (beam search) or dvts (diverse verifier tree search)")
+    method: str = _f("beam", "beam (beam search) or dvts (diverse verifier tree search)", choices=METHODS_SEARCH)
     n: int = _f(16, "beams: steps generated per round (beam) or subtrees x width (dvts)")
     width: int = _f(4, "extensions per kept beam (search-and-learn's beam_width)")
     max_rounds: int = _f(40, "rounds of one step each; then the kept beams are completed in one call")
-    rank: str = _f("mu", "ranking score of a beam's latest step: mu, or ucb (mu + c * sigma)")
+    rank: str = _f("mu", "ranking score of a beam's latest step: mu, or ucb (mu + c * sigma)", choices=RANKS)
     c: float = _f(1.0, "width of the bounds mu +- c * sigma (rank ucb, prune)")
     prune: bool = _f(False, "beam: drop a beam whose upper bound is below another beam's lower bound")
     repair: bool = _f(
@@ -68,7 +68,9 @@ class SearchConfig:
     )
     p_bad: float = _f(0.3, "repair: the threshold of a wrong-looking step")
     final: str = _f(
-        "last", f"selector of the final answer among finished beams: {', '.join(METHODS)} (betaprm.selection)"
+        "last",
+        f"selector of the final answer among finished beams: {', '.join(METHODS)} (betaprm.selection)",
+        choices=METHODS,
     )
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (required for final rb)")

@@ -48,6 +48,7 @@ class ServeOptions:
     aggregate: str = _f(
         "mean",
         f"/get_reward's reward, a selector's trace score: {', '.join(METHODS)} (betaprm.selection; rb needs --tau)",
+        choices=METHODS,
     )
     step_separator: str = _f("\n\n", "/get_reward: the text between two steps of a response")
     allow_no_prompts: bool = _f(

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks for input errors"
         )
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
@@ -77,7 +77,11 @@ def _configure_logging() -> None:
 def main(argv=None) -> int:
     _configure_logging()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # A subcommand's unknown flag (a typo) is reported by that subcommand's parser: its usage
+    # line, not the top-level one.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -54,7 +54,7 @@ class ACACommandConfig(ProblemOptions, ACASettings, BatchOptions, GenerationOpti
 
     final_lam: float | None = _f(None, "lambda of the final selector (default: tuned with tau, else 0.5)")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (default: tuned on the world's validation split)")
-    variant: str = _f("aca", f"{', '.join(VARIANTS)} (see above)")
+    variant: str = _f("aca", "which of ACA's mechanisms run (see above)", choices=VARIANTS)
     write_candidates: bool = _f(True, "keep every candidate's steps and scores in the records")
     plots: str | None = _f(None, "write aca_tokens.png (accuracy against generated tokens) into this folder")
     baseline: str | None = _f(
@@ -63,8 +63,6 @@ class ACACommandConfig(ProblemOptions, ACASettings, BatchOptions, GenerationOpti
 
     def __post_init__(self):
         bad = self.problem_checks()
-        if self.variant not in VARIANTS:
-            bad.append(f"--variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         # S_RB without --final-tau is tuned (or falls back to S_lin) when the run starts.
         bad += final_selector_problems(self.final, self.final_tau, tau_required=False)
         if bad:

@@ -11,7 +11,16 @@ from ..answers import AnswerChecker, LLMJudge, final_answer
 from ..data.records import read_records
 from ..errors import BetaPRMInputError
 from ..evaluation import plots
-from ..evaluation.bon import SELECTORS, BonPool, NoTestProblems, check_pools, evaluate_pools, split_problems
+from ..evaluation.bon import (
+    SELECTORS,
+    TUNED,
+    BonPool,
+    NoTestProblems,
+    NoValidationProblems,
+    check_pools,
+    evaluate_pools,
+    split_problems,
+)
 from ..generation.factory import api_key_problems, read_api_key
 from ..options import opt as _f
 from ..provenance import check_paths, fingerprint, model_fingerprint, rejects_path, settings_of, write_result
@@ -28,7 +37,9 @@ and checked against the reference with math-verify, or by an LLM judge behind an
 OpenAI-compatible server (--judge-url, --judge-model; --api-key-env NAME sends the key
 held in environment variable NAME, no key is sent without it); failed checks are counted apart.
 S_lin and S_RB are tuned on --val-fraction of each benchmark's problems; the table gives
-test accuracy with 95% bootstrap intervals and the average gain over single pass."""
+test accuracy with 95% bootstrap intervals and the average gain over single pass. A split
+that leaves no validation (or no test) problem is an error; --skip-tuned leaves the tuned
+selectors out and tests every problem."""
 
 
 @dataclass
@@ -37,6 +48,7 @@ class EvalBonConfig(ScoringOptions):
         "",
         "comma-separated pool sources, one per benchmark (JSONL, .json, parquet, a save_to_disk folder or a hub name; "
         "the file or folder name is the benchmark name)",
+        required=True,
     )
     model: str | None = _f(
         None,
@@ -46,6 +58,11 @@ class EvalBonConfig(ScoringOptions):
     plots: str | None = _f(None, "write Best-of-n curves (PNG, one per benchmark) into this folder")
     val_fraction: float = _f(0.2, "fraction of each benchmark's problems used to tune S_lin and S_RB")
     seed: int = _f(0, "seed of the split and the bootstrap")
+    skip_tuned: bool = _f(
+        False,
+        "leave out the selectors tuned on validation (S_lin, S_RB, the reliability-weighted vote) and test every "
+        "problem (no split, --val-fraction unused); without it a split that leaves no validation problem is an error",
+    )
     device: str = _f("auto", "auto, cpu, cuda, ...")
     judge_url: str | None = _f(
         None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify"
@@ -61,19 +78,16 @@ class EvalBonConfig(ScoringOptions):
         "fail",
         "a bad pool record: fail (stop, listing every problem) or skip (leave it out, write it to "
         "POOL_FILE.rejects.jsonl, e.g. math.jsonl.rejects.jsonl, and count it in the results)",
+        choices=("fail", "skip"),
     )
 
     def __post_init__(self):
-        bad = []
-        if not self.pools:
-            bad.append("--pools is required (comma-separated pool files)")
+        bad = []  # required flags and fixed choices: checked by config_from_args (options.field_problems)
         if not 0 < self.val_fraction < 1:
             bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
         bad += self.scoring_problems()
         if not (math.isfinite(self.check_timeout) and self.check_timeout > 0):
             bad.append(f"--check-timeout must be a number of seconds > 0, got {self.check_timeout}")
-        if self.on_error not in ("fail", "skip"):
-            bad.append(f"--on-error must be fail or skip, got {self.on_error!r}")
         if self.judge_url and not self.judge_model:
             bad.append("--judge-url needs --judge-model")
         if self.api_key_env and not self.judge_url:
@@ -149,16 +163,19 @@ def run(args):
                     f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer"
                 )
         # The split hangs on the questions alone: refused before any scoring or answer check.
-        if not split_problems([SimpleNamespace(question=r["question"]) for r in records], cfg.val_fraction, cfg.seed)[
-            1
-        ]:
+        questions = [SimpleNamespace(question=r["question"]) for r in records]
+        # --skip-tuned: no split, every problem is tested.
+        val, test = ([], questions) if cfg.skip_tuned else split_problems(questions, cfg.val_fraction, cfg.seed)
+        if not test:
             raise _no_test_problems(cfg, path, len(records))
-        if not all("mu" in c for r in records for c in r["candidates"]):
-            if not cfg.model:
-                raise BetaPRMInputError(
-                    f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score "
-                    "first)"
-                )
+        unscored = not all("mu" in c for r in records for c in r["candidates"])
+        if unscored and not cfg.model:
+            raise BetaPRMInputError(
+                f"{path}: candidates without mu/kappa/sigma; give --model to score them (or run betaprm score first)"
+            )
+        if not val and not cfg.skip_tuned:  # the pools are (or will be) scored: the tuned selectors would be missing
+            raise _no_validation_problems(cfg, path, len(records))
+        if unscored:
             if prm is None:
                 prm, kind = _load(cfg)
                 print(f"{cfg.model} ({kind}) scores the pools that have no scores")
@@ -166,9 +183,11 @@ def run(args):
         before = checker.failed
         pools = check_pools(records, final_answer, checker.check_many)
         try:
-            res = evaluate_pools(pools, cfg.val_fraction, cfg.seed)
+            res = evaluate_pools(pools, cfg.val_fraction, cfg.seed, tune=not cfg.skip_tuned)
         except NoTestProblems:
             raise _no_test_problems(cfg, path, len(pools)) from None
+        except NoValidationProblems:
+            raise _no_validation_problems(cfg, path, len(pools)) from None
         res["answer_checks_failed"] = checker.failed - before
         res["pool_records_rejected"] = loaded.n_rejected
         res["candidates_truncated"] = sum("steps_scored" in c for r in records for c in r["candidates"])
@@ -206,6 +225,8 @@ def run(args):
             f"{n}: {r['n_test']} test / {r['n_val']} validation problems; {r['answer_checks_failed']} answer checks "
             "failed" + (f" (picks left out: {failed})" if failed else "")
         )
+    if cfg.skip_tuned:
+        print(f"--skip-tuned: {_tuned_names()} left out; every problem tested")
     out = {
         "benchmarks": results,
         "avg_gain_vs_single_pass": gains,
@@ -226,6 +247,18 @@ def _no_test_problems(cfg, path, n):
     return BetaPRMInputError(
         f"--pools {path}: all {n} problems fall in the validation split (--val-fraction {cfg.val_fraction}, --seed "
         f"{cfg.seed}), none is left to test on; fix: another --seed, a smaller --val-fraction, or more problems"
+    )
+
+
+def _tuned_names() -> str:
+    return ", ".join(SELECTORS[s] for s in TUNED)
+
+
+def _no_validation_problems(cfg, path, n):
+    return BetaPRMInputError(
+        f"--pools {path}: none of its {n} problems falls in the validation split (--val-fraction {cfg.val_fraction}, "
+        f"--seed {cfg.seed}), so {_tuned_names()} cannot be tuned; fix: another --seed, a larger --val-fraction, or "
+        "more problems; or --skip-tuned to leave those selectors out and test every problem"
     )
 
 
@@ -280,7 +313,7 @@ def _curve(pools, res, cfg):
         cut = [
             BonPool(p.id, p.question, p.answers[:n], p.correct[:n], p.scores[:n] if p.scores else None) for p in pools
         ]
-        r = evaluate_pools(cut, cfg.val_fraction, cfg.seed)["selectors"]
+        r = evaluate_pools(cut, cfg.val_fraction, cfg.seed, tune=not cfg.skip_tuned)["selectors"]
         for s in ("majority_vote", "mean", "rb", "weighted_vote", "oracle"):
             if s in r:
                 out.setdefault(s, ([], []))

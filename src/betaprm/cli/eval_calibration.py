@@ -29,8 +29,11 @@ class EvalCalibrationConfig(ScoringOptions):
     model: str = _f(
         "",
         "a BetaPRM or standard PRM: a folder, or a hub name OWNER/NAME[@REVISION]",
+        required=True,
     )
-    data: str = _f("", "held-out count records: JSONL, .json, parquet, a save_to_disk folder or a hub name")
+    data: str = _f(
+        "", "held-out count records: JSONL, .json, parquet, a save_to_disk folder or a hub name", required=True
+    )
     out: str | None = _f(None, "write the metrics as JSON here")
     plots: str | None = _f(None, "write reliability.png and sigma_error.png into this folder")
     bins: int = _f(10, "equal-width bins of mu for the ECE and the reliability diagram")
@@ -38,7 +41,7 @@ class EvalCalibrationConfig(ScoringOptions):
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        bad = [f"--{k} is required" for k in ("model", "data") if not getattr(self, k)]
+        bad = []  # required flags: checked by config_from_args (options.field_problems)
         if self.bins < 1:
             bad.append(f"--bins must be >= 1, got {self.bins}")
         bad += self.scoring_problems()

@@ -54,11 +54,18 @@ class EvalStepsConfig(ScoringOptions):
     model: str = _f(
         "",
         "a BetaPRM, or a plain causal LM scored zero-shot: a folder, or a hub name OWNER/NAME[@REVISION]",
+        required=True,
     )
     data: str = _f(
-        "", "the benchmark's records: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])"
+        "",
+        "the benchmark's records: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])",
+        required=True,
     )
-    format: str = _f("auto", "visualprocessbench, processbench, prmbench, or auto (from the first record's fields)")
+    format: str = _f(
+        "auto",
+        "visualprocessbench, processbench, prmbench, or auto (from the first record's fields)",
+        choices=("auto", *FORMATS),
+    )
     threshold: str = _f(
         "auto",
         "a number (a step is correct when its score is above it), or val (chosen on --val-fraction of the problems); "
@@ -76,6 +83,7 @@ class EvalStepsConfig(ScoringOptions):
         "auto",
         "step score: mu, mu-sigma (mu - lam*sigma), or auto (mu - lam*sigma for a beta-binomial model when the "
         "threshold is chosen on validation, else mu)",
+        choices=("auto", "mu", "mu-sigma"),
     )
     lam: float = _f(0.5, "lambda of mu - lambda*sigma")
     val_fraction: float = _f(0.2, "fraction of problems used to choose the threshold")
@@ -85,11 +93,7 @@ class EvalStepsConfig(ScoringOptions):
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        bad = [f"--{k} is required" for k in ("model", "data") if not getattr(self, k)]
-        if self.score not in ("auto", "mu", "mu-sigma"):
-            bad.append(f"--score must be auto, mu or mu-sigma, got {self.score!r}")
-        if self.format not in ("auto", *FORMATS):
-            bad.append(f"--format must be auto or one of {', '.join(FORMATS)}, got {self.format!r}")
+        bad = []  # required flags and fixed choices: checked by config_from_args (options.field_problems)
         if self.threshold not in ("auto", "val"):
             try:
                 float(self.threshold)

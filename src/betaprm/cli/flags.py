@@ -7,7 +7,19 @@ fields are made with ``opt(default, help_text)`` (``betaprm.options``, re-export
 
 A field renamed keeps its old name for one release: ``opt(..., aliases=("old_name",))``
 adds a hidden ``--old-name`` flag and accepts ``old_name`` in config files, each with a
-deprecation message on stderr naming the new one.
+deprecation message on stderr naming the new one; a renamed value likewise
+(``opt(..., old_values={"old": "new"})``).
+
+Every flag is also accepted in its underscore spelling, ``--learning_rate`` for
+``--learning-rate`` (Hugging Face's ``TrainingArguments`` habit), hidden from ``--help``.
+``opt(..., required=True)`` shows ``(required)`` in the help and ``choices=(...)`` lists the
+values as the metavar; both are checked by ``config_from_args`` for flags and config-file
+values alike (``betaprm.options.field_problems``): a required flag may come from the file, so
+argparse's own ``required=`` is not used.
+
+A config class may translate a file's foreign keys (another tool's names for its options)
+with a classmethod ``from_file_keys(values, path) -> values``, called on the file's keys
+before they are checked.
 """
 
 from __future__ import annotations
@@ -21,13 +33,10 @@ from typing import get_type_hints
 
 from ..data.jsonl import BadJSON, decode_utf8, load_json_file, open_input
 from ..errors import BetaPRMInputError
-from ..options import opt
+from ..options import field_problems, opt
+from ..options import flag_name as _flag
 
 __all__ = ["add_config_args", "config_from_args", "load_config_file", "opt"]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
@@ -40,12 +49,12 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_text = f.metadata.get("help", "")
         # An unset (None) default is explained by the help text itself ("the world's near_miss").
-        help_text = (
-            (f"{help_text} (default: {default!r})" if default is not None else help_text)
-            if help_text
-            else f"default: {default!r}"
-        )
+        shown = f"(default: {default!r})" if default is not None else ""
+        if f.metadata.get("required"):
+            shown = "(required)"
+        help_text = f"{help_text} {shown}".strip() if help_text else shown or f"default: {default!r}"
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
+        choices = f.metadata.get("choices")
         if typ is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typ in (int, float, str):
@@ -54,12 +63,18 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
             kwargs.update(type=typ.__args__[0], metavar=f.name.upper())
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {typ}")
+        if choices is not None and typ is not bool:
+            # Listed, not enforced by argparse: a value may come from the file, and a renamed
+            # one (old_values) is still accepted; config_from_args checks both.
+            kwargs["metavar"] = "{" + ",".join(map(str, choices)) + "}"
         parser.add_argument(_flag(f.name), **kwargs)
+        hidden = {**kwargs, "help": argparse.SUPPRESS}
+        if "_" in f.name:  # the Hugging Face spelling, --learning_rate: the same flag, not deprecated
+            parser.add_argument("--" + f.name, **hidden)
         for old in f.metadata.get("aliases", ()):
             base = argparse.BooleanOptionalAction if typ is bool else _Store
-            parser.add_argument(
-                _flag(old), **{**kwargs, "help": argparse.SUPPRESS, "action": _deprecated(base, f.name)}
-            )
+            for spelling in dict.fromkeys((_flag(old), "--" + old)):
+                parser.add_argument(spelling, **{**hidden, "action": _deprecated(base, f.name)})
 
 
 def deprecation(old: str, new: str) -> None:
@@ -149,12 +164,26 @@ def _typed(cls, values: dict, path: str) -> dict:
     return out
 
 
+def _old_values(cls, values: dict, given: dict) -> None:
+    """Renamed values (a field's ``old_values``) replaced by the new ones, with the deprecation
+    message naming where the old one was given (``given``: name -> where)."""
+    for f in dataclasses.fields(cls):
+        old = values.get(f.name)
+        new = f.metadata.get("old_values", {}).get(old) if isinstance(old, str) else None
+        if new is not None:
+            deprecation(f"{given[f.name]} {old}", f"{_flag(f.name)} {new}")
+            values[f.name] = new
+
+
 def config_from_args(cls, ns: argparse.Namespace):
-    """Dataclass defaults < ``--config`` file < command-line flags."""
+    """Dataclass defaults < ``--config`` file < command-line flags; then every required flag
+    given and every value among its field's choices, all problems named in one error."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {}
     if getattr(ns, "config", None):
         values = load_config_file(ns.config)
+        if hasattr(cls, "from_file_keys"):
+            values = cls.from_file_keys(values, ns.config)
         for old, new in _renamed(cls).items():
             if old in values:
                 deprecation(f"--config {ns.config}: key {old!r}", repr(new))
@@ -167,7 +196,15 @@ def config_from_args(cls, ns: argparse.Namespace):
         if unknown:
             raise BetaPRMInputError(f"--config {ns.config}: unknown keys {unknown}; allowed: {sorted(names)}")
         values = _typed(cls, values, ns.config)
-    values.update({k: v for k, v in vars(ns).items() if k in names})
+    given = {k: f"--config {ns.config}: {k}:" for k in values}
+    flags = {k: v for k, v in vars(ns).items() if k in names}
+    values.update(flags)
+    given.update({k: _flag(k) for k in flags})
+    _old_values(cls, values, given)
+    bad = field_problems(cls, values)
+    if bad:
+        where = " (on the command line or in the --config file)" if any("required" in b for b in bad) else ""
+        raise BetaPRMInputError(f"bad configuration{where}:\n  " + "\n  ".join(bad))
     try:
         return cls(**values)
     except TypeError as e:

@@ -37,7 +37,7 @@ OUT.lock keeps a second process out of --out.
 @dataclass
 class LabelConfig(GenerationOptions, OutputOptions):
     input: str | None = _f(None, "JSONL traces to label (id, question, answer, steps or candidates)")
-    out: str = _f("", "JSONL training records (appended; a rerun resumes)")
+    out: str = _f("", "JSONL training records (appended; a rerun resumes)", required=True)
     failed: str | None = _f(None, "where traces whose answer checks all failed go (default: OUT.failed.jsonl)")
     n: int = _f(16, "continuations per step (N)")
     seed: int = _f(0, "sampling seed")
@@ -51,8 +51,6 @@ class LabelConfig(GenerationOptions, OutputOptions):
         bad = self.backend_problems()
         if not (math.isfinite(self.check_timeout) and self.check_timeout > 0):
             bad.append(f"--check-timeout must be a number of seconds > 0, got {self.check_timeout}")
-        if not self.out:
-            bad.append("--out is required (the JSONL file of labelled records)")
         if self.n < 1:
             bad.append(f"--n must be >= 1, got {self.n}")
         if self.backend == "synth" and self.input:

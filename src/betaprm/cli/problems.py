@@ -36,8 +36,9 @@ class ProblemOptions(OutputOptions):
     model: str = _f(
         "",
         "the BetaPRM that scores (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
+        required=True,
     )
-    out: str = _f("", "JSONL file of per-problem records (appended; a rerun resumes)")
+    out: str = _f("", "JSONL file of per-problem records (appended; a rerun resumes)", required=True)
     problems: str | None = _f(
         None,
         "JSONL problems with id, question and, for an accuracy, answer; optional images (paths relative to the "
@@ -56,10 +57,6 @@ class ProblemOptions(OutputOptions):
 
     def problem_checks(self) -> list[str]:
         bad = self.backend_problems() + self.batch_problems()
-        if not self.model:
-            bad.append("--model is required (the PRM that scores)")
-        if not self.out:
-            bad.append("--out is required (the JSONL file of per-problem records)")
         if self.problems is None and self.backend != "synth":
             bad.append(
                 f"--backend {self.backend} needs --problems (text problems); the chain-arithmetic world is generated "

@@ -48,23 +48,26 @@ class ScoreConfig(ScoringOptions, OutputOptions):
     model: str = opt(
         "",
         "a BetaPRM (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
+        required=True,
     )
-    input: str = opt("", "candidate pools: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])")
-    output: str = opt("", "scored pools (JSONL, appended)")
+    input: str = opt(
+        "",
+        "candidate pools: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])",
+        required=True,
+    )
+    output: str = opt("", "scored pools (JSONL, appended)", required=True)
     device: str = opt("auto", "auto (cuda when present), cpu, cuda, cuda:1, ...")
-    on_error: str = opt("fail", "fail: stop on any bad record; skip: leave it out and write it to --rejects")
+    on_error: str = opt(
+        "fail", "fail: stop on any bad record; skip: leave it out and write it to --rejects", choices=("fail", "skip")
+    )
     rejects: str | None = opt(None, "rejects file for --on-error skip (default: OUTPUT.rejects.jsonl)")
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        missing = [f"--{k}" for k in ("model", "input", "output") if not getattr(self, k)]
-        if missing:
-            raise BetaPRMInputError(f"{', '.join(missing)} required")
+        # Required flags and fixed choices: checked by config_from_args (options.field_problems).
         bad = self.scoring_problems()
         if bad:
             raise BetaPRMInputError("; ".join(bad))
-        if self.on_error not in ("fail", "skip"):
-            raise BetaPRMInputError(f"--on-error must be fail or skip, got {self.on_error!r}")
 
 
 def add_arguments(parser):

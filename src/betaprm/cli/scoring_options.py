@@ -36,13 +36,11 @@ class ScoringOptions(BatchOptions):
         "error",
         "a trace longer than the model's positions: error (stop, naming it) or steps (score the whole steps that "
         "fit; the rest get no score). Text PRMs only",
+        choices=TRUNCATE_MODES,
     )
 
     def scoring_problems(self) -> list[str]:
-        bad = self.batch_problems()
-        if self.truncate not in TRUNCATE_MODES:
-            bad.append(f"--truncate must be one of {', '.join(TRUNCATE_MODES)}, got {self.truncate!r}")
-        return bad
+        return self.batch_problems()  # --truncate's choices: checked by config_from_args
 
     def score_with_progress(self, prm, traces, names, desc: str = "scoring"):
         """``score_traces`` with these options and a progress bar."""

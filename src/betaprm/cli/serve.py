@@ -46,6 +46,7 @@ class ServeConfig(ServeOptions):
         "",
         "a BetaPRM (betaprm train output), or a plain causal LM scored zero-shot: a folder, or a hub name "
         "OWNER/NAME[@REVISION]",
+        required=True,
     )
     host: str = _f(
         "127.0.0.1",
@@ -73,9 +74,7 @@ class ServeConfig(ServeOptions):
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
 
     def __post_init__(self):
-        bad = []
-        if not self.model:
-            bad.append("--model is required")
+        bad = []  # --model (required) and fixed choices: checked by config_from_args
         if not 0 < self.port < 65536:
             bad.append(f"--port must be in 1..65535, got {self.port}")
         if self.allowed_hosts is not None and not self.hosts():

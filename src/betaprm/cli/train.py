@@ -22,7 +22,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    from ..train.run import end_process_group, train  # torch: loaded when the command runs, not for --help
+    from ..train.finish import end_process_group  # torch: loaded when the command runs, not for --help
+    from ..train.run import train
 
     train(config_from_args(TrainConfig, args))
     end_process_group()

@@ -6,7 +6,9 @@ candidate's final answer is checked against the reference once; each selector pi
 candidate per problem; selector hyperparameters (S_lin's lambda, S_RB's lambda and q) are
 tuned on a validation part of the problems (split by problem) and accuracy is reported on
 the rest with bootstrap intervals. A pick whose answer check failed is not counted as
-wrong: it is left out of that selector's accuracy and counted in ``check_failed``.
+wrong: it is left out of that selector's accuracy and counted in ``check_failed``. Scored
+pools with no validation problem are refused (the tuned selectors would be missing), unless
+``tune=False`` asks for the untuned selectors alone, tested on every problem.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ class NoTestProblems(ValueError):
     """Every problem fell in the validation split (too few problems for ``val_fraction``)."""
 
 
+class NoValidationProblems(ValueError):
+    """No problem fell in the validation split, so the tuned selectors cannot be tuned."""
+
+
+TUNED = tuple(n for n in NAMES if REGISTRY[n].tuned)
+"""The selectors whose hyperparameters are tuned on the validation problems."""
+
+
 def split_problems(pools: Sequence[BonPool], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     val, test = [], []
     for i, p in enumerate(pools):
@@ -60,12 +70,24 @@ def split_problems(pools: Sequence[BonPool], val_fraction: float, seed: int) -> 
     return val, test
 
 
-def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: int = 0) -> dict:
-    """Per-selector accuracy on the test part, hyperparameters tuned on the validation part."""
-    val, test = split_problems(pools, val_fraction, seed)
+def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: int = 0, tune: bool = True) -> dict:
+    """Per-selector accuracy on the test part, hyperparameters tuned on the validation part.
+
+    Scored pools whose split leaves no validation problem raise ``NoValidationProblems``
+    rather than drop the tuned selectors (``TUNED``) silently; ``tune=False`` leaves them out
+    and tests every problem (no split)."""
+    scored = all(p.scores is not None for p in pools)
+    if tune:
+        val, test = split_problems(pools, val_fraction, seed)
+    else:
+        val, test = [], list(range(len(pools)))
     if not test:
         raise NoTestProblems("no test problems left after the validation split")
-    scored = all(p.scores is not None for p in pools)
+    if tune and scored and not val:
+        raise NoValidationProblems(
+            f"no validation problems left by the split of {len(pools)} problems, so {', '.join(TUNED)} cannot be "
+            "tuned; a larger val_fraction, another seed, or tune=False for the untuned selectors alone"
+        )
     tuned = {}
     if scored and val:
         vp = [pools[i] for i in val]

@@ -66,9 +66,10 @@ def expected_calibration_error(mu, target, bins: int = 10) -> tuple[float, list[
     return float(ece), table
 
 
-def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10) -> dict:
+def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10, levels=LEVELS) -> dict:
     """The metrics of the module docstring for flat per-step arrays. ``beta``: the model
-    gives a Beta belief (``kappa`` used); otherwise ``kappa`` is ignored."""
+    gives a Beta belief (``kappa`` used); otherwise ``kappa`` is ignored. ``levels``: the
+    intervals of K to report (each Beta-Binomial one costs a quantile search per step)."""
     from scipy.stats import betabinom, binom
 
     from ..beta import beta_binomial_nll
@@ -90,7 +91,7 @@ def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10) -> dict:
     )
     pb = binom(n, np.clip(mu, 0, 1))
     intervals = {}
-    for level in LEVELS:
+    for level in levels:
         lo, hi = _interval(pb, level)
         intervals[f"binomial_at_mu_{level:g}"] = {
             "coverage": float(((k >= lo) & (k <= hi)).mean()),
@@ -105,7 +106,7 @@ def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10) -> dict:
         )
         # The same eps as the likelihood keeps both parameters positive at mu = 0 or 1.
         pbb = betabinom(n, mu * kappa + 1e-6, (1 - mu) * kappa + 1e-6)
-        for level in LEVELS:
+        for level in levels:
             lo, hi = _interval(pbb, level)
             intervals[f"beta_binomial_{level:g}"] = {
                 "coverage": float(((k >= lo) & (k <= hi)).mean()),

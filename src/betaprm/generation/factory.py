@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import BetaPRMInputError
 from ..options import opt as _f
 from .openai import OpenAIGenerator
-from .text import Sampling, TextFormat
+from .text import CONTINUATIONS, SPLITS, Sampling, TextFormat
 from .vllm import VLLMGenerator
 
 
@@ -66,6 +66,10 @@ BACKEND_HELP = (
 """The help of ``--backend`` for the library's backends (a layer that registers more says so in its own)."""
 
 
+ENDPOINTS = ("chat", "completions")
+"""--endpoint: the OpenAI-compatible server's /chat/completions or /completions."""
+
+
 @dataclass
 class BackendOptions:
     backend: str = _f("transformers", BACKEND_HELP)
@@ -75,6 +79,7 @@ class BackendOptions:
         "chat",
         "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with "
         "a rendered prompt)",
+        choices=ENDPOINTS,
     )
     api_key_env: str | None = _f(
         None,
@@ -92,12 +97,17 @@ class BackendOptions:
         "transformers: tokens per generate call at most (sequences x (longest prompt + --max-new-tokens)); long "
         "prompts make smaller batches instead of running out of memory",
     )
-    split: str = _f("blank-line", "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex")
+    split: str = _f(
+        "blank-line",
+        "how generated text is cut into steps: blank-line, tags (<step>/<answer>) or regex",
+        choices=SPLITS,
+    )
     split_regex: str | None = _f(None, "with --split regex: the pattern between two steps")
     continuation: str = _f(
         "prefill",
         "continue kept steps by prefilling the assistant turn (prefill) or by restating them in a new prompt "
         "(restate)",
+        choices=CONTINUATIONS,
     )
     instruction: str = _f(
         TextFormat.instruction, "text after the question in the user turn (ask for the step layout --split expects)"
@@ -121,8 +131,8 @@ class BackendOptions:
                 f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and "
                 f"{self.gen_max_batch_tokens}"
             )
-        if self.endpoint not in ("chat", "completions"):
-            bad.append(f"--endpoint must be chat or completions, got {self.endpoint!r}")
+        if self.endpoint not in ENDPOINTS:
+            bad.append(f"--endpoint must be {' or '.join(ENDPOINTS)}, got {self.endpoint!r}")
         if self.api_key_env and self.backend != "openai":
             bad.append(
                 "--api-key-env is for --backend openai (the only backend that talks HTTP), got --backend "

@@ -90,13 +90,26 @@ NOT_RESULTS = {
     "dataloader_num_workers",
     "use_cpu",
     "ddp_backend",
-    "per_device_batch_size",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",  # the global batch it makes is recorded
+    "optim",  # AdamW either way (fused or not)
+    "attn_implementation",
+    "run_name",
+    "bf16",  # --precision says it
+    "fp16",
     "gradient_checkpointing",
     "packing",
+    # evaluation while training reads the model, it does not change it (--eval-fraction does:
+    # it takes problems out of the training data, so it is recorded)
+    "eval_data",
+    "eval_steps",
+    "metric_for_best_model",
+    "load_best_model_at_end",
 }
 
 # Settings renamed since: a run record that has the old name resumes under the new one.
-RENAMED = {"max_tokens_per_batch": "max_batch_tokens"}
+RENAMED = {"max_tokens_per_batch": "max_batch_tokens", "truncation": "truncate"}
+RENAMED_VALUES = {("truncate", "keep-steps"): "steps"}
 
 
 def run_record(cfg: TrainConfig) -> dict:
@@ -104,7 +117,13 @@ def run_record(cfg: TrainConfig) -> dict:
     that change the result) and, for messages only, where the data and model came from."""
     settings = {"data": fingerprint(cfg.data), "model": model_fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
     # Recorded only when not the default: older checkpoints, without them, still resume.
-    for name, default in (("max_batch_tokens", 0), ("freeze_layers", 0), ("step_weights", "batch")):
+    for name, default in (
+        ("max_batch_tokens", 0),
+        ("freeze_layers", 0),
+        ("step_weights", "batch"),
+        ("max_grad_norm", 1.0),
+        ("eval_fraction", 0),
+    ):
         if getattr(cfg, name) == default:
             del settings[name]
     # Whether the rebalancing sampler orders the batches (the flag is moot under grouping or a
@@ -165,6 +184,7 @@ def check_resume(resume: str, record: dict, say=logger.warning) -> None:
         ):
             raise TypeError("settings and info must be objects")
         settings = {RENAMED.get(k, k): v for k, v in old["settings"].items()}
+        settings = {k: RENAMED_VALUES.get((k, v), v) if isinstance(v, str) else v for k, v in settings.items()}
         diff = differences(settings, record["settings"], old.get("info"), record["info"])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise BetaPRMInputError(

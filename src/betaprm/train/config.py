@@ -6,13 +6,26 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import BetaPRMInputError
+from ..options import field_problems
 from ..options import opt as _f
 from ..provenance import same_path
+from . import hf_names
 
 OBJECTIVES = ("beta-binomial", "soft-ce", "hard-ce")
+PRECISIONS = ("auto", "bf16", "fp32")
+TRUNCATE_MODES = ("steps", "reject")
+"""--truncate: steps keeps the whole steps that fit (as scoring's --truncate steps), reject leaves
+the trace out."""
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+"""The TrainingArguments ``optim`` names betaprm's optimiser (AdamW with its own parameter
+groups) honours."""
+DEFAULT_GLOBAL_BATCH_SIZE = 512
+
+BEST_METRICS = {"loss": False, "nll": False, "mae": False, "ece": False, "brier": False, "f1": True}
+"""--metric-for-best-model's choices, each with whether greater is better."""
 
 
 @dataclass
@@ -23,17 +36,45 @@ class TrainConfig:
         "",
         "a causal LM to start from, or a BetaPRM to continue training: a folder, or a hub name "
         "OWNER/NAME[@REVISION] from the Hugging Face cache or hub",
+        required=True,
     )
     data: str = _f(
         "",
         "training records: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT]); see `betaprm "
         "validate`",
+        required=True,
+    )
+    # ---- evaluation while training (the Trainer's eval_strategy="steps")
+    eval_data: str | None = _f(
+        None,
+        "held-out data evaluated every --eval-steps and at the end: counts records in any source --data takes (logs "
+        "eval_loss, eval_nll, eval_mae, eval_ece, eval_brier, eval_coverage) or ProcessBench items (id, problem, "
+        "steps, label; a file or a folder of subsets; logs eval_f1 at threshold 0.5 on mu), told apart by the first "
+        "record's fields",
+    )
+    eval_fraction: float = _f(
+        0.0,
+        "hold out this fraction of --data's problems (split by question text, so no problem is on both sides; the "
+        "draw follows --seed) and evaluate on them while training (0: none; not with --eval-data)",
+    )
+    eval_steps: int = _f(0, "evaluate every this many optimiser steps, and at the end (0: every --save-steps)")
+    metric_for_best_model: str = _f(
+        "",
+        "the held-out metric that picks the best checkpoint (best_metric, best_model_checkpoint in "
+        "trainer_state.json): loss, nll, mae, ece, brier (lower is better) or f1 (ProcessBench; higher is better); "
+        "default: nll for counts, f1 for ProcessBench",
+    )
+    load_best_model_at_end: bool = _f(
+        False,
+        "end with the best checkpoint's weights (by --metric-for-best-model) as the final model instead of the last "
+        "step's; needs held-out data and --save-steps a multiple of --eval-steps, so every checkpoint is evaluated",
     )
     output_dir: str = _f("outputs/betaprm", "where checkpoints and the final BetaPRM are written")
     objective: str = _f(
         "beta-binomial",
         "beta-binomial (BetaPRM: needs counts with N > 1 per step to learn kappa; on hard labels, N = 1, kappa learns "
         "nothing and a warning says so), soft-ce (the standard PRM) or hard-ce",
+        choices=OBJECTIVES,
     )
     lambda_reg: float = _f(0.05, "weight of the evidence regulariser (beta-binomial only)")
     hard_threshold: float = _f(
@@ -51,18 +92,43 @@ class TrainConfig:
     warmup_ratio: float = _f(0.05, "fraction of steps for linear warmup")
     num_train_epochs: float = _f(1.0, "epochs over the data")
     max_steps: int = _f(-1, "stop after this many optimiser steps (-1: run the epochs)")
-    global_batch_size: int = _f(512, "traces per optimiser step, over all devices (reached by gradient accumulation)")
-    per_device_batch_size: int = _f(4, "traces per forward pass on each device")
+    global_batch_size: int | None = _f(
+        None,
+        f"traces per optimiser step, over all devices, reached by gradient accumulation (default "
+        f"{DEFAULT_GLOBAL_BATCH_SIZE}; with --gradient-accumulation-steps it is --per-device-train-batch-size x "
+        "that x processes, and giving both is an error unless they agree)",
+    )
+    per_device_train_batch_size: int = _f(
+        4, "traces per forward pass on each device", aliases=("per_device_batch_size",)
+    )
+    gradient_accumulation_steps: int | None = _f(
+        None,
+        "forward passes per optimiser step on each device (TrainingArguments' name); default: derived from "
+        "--global-batch-size / (--per-device-train-batch-size x processes). Given, the global batch is "
+        "per-device x this x processes (not with --max-batch-tokens, whose accumulation follows --global-batch-size)",
+    )
+    max_grad_norm: float = _f(1.0, "clip the gradient's norm to this before each optimiser step (0: no clipping)")
+    optim: str | None = _f(
+        None,
+        "the optimiser, by TrainingArguments' name: adamw_torch (AdamW) or adamw_torch_fused (its fused kernel), "
+        "with the kappa head's own parameter group; default: TrainingArguments' (adamw_torch_fused with torch >= 2.8)",
+        choices=OPTIMIZERS,
+    )
     max_batch_tokens: int = _f(
         0,
-        "a token budget per forward pass on each device instead of --per-device-batch-size: each batch holds as "
+        "a token budget per forward pass on each device instead of --per-device-train-batch-size: each batch holds as "
         "many traces as fit this many positions (packed rows, or padded rows without packing), so short traces go "
         "many at a time and long ones few; --global-batch-size is then reached on average (0: off)",
         aliases=("max_tokens_per_batch",),
     )
-    max_length: int = _f(8192, "tokens per trace; longer traces keep the whole steps that fit")
-    truncation: str = _f(
-        "keep-steps", "keep-steps: cut long traces after the last whole step that fits; reject: leave them out"
+    max_length: int = _f(8192, "tokens per trace; longer traces are cut or left out as --truncate says")
+    truncate: str = _f(
+        "steps",
+        "a trace longer than --max-length: steps (keep the whole steps that fit, labels with them) or reject (leave "
+        "it out)",
+        choices=TRUNCATE_MODES,
+        aliases=("truncation",),
+        old_values={"keep-steps": "steps"},
     )
     freeze_layers: int = _f(
         0,
@@ -74,7 +140,14 @@ class TrainConfig:
     lora_alpha: int = _f(32, "LoRA alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
     lora_target_modules: str = _f("all-linear", "comma-separated module names for LoRA, or all-linear")
-    precision: str = _f("auto", "auto (bf16 where the GPU supports it, else fp32), bf16 or fp32")
+    precision: str = _f("auto", "auto (bf16 where the GPU supports it, else fp32), bf16 or fp32", choices=PRECISIONS)
+    bf16: bool = _f(False, "TrainingArguments' name for --precision bf16")
+    fp16: bool = _f(False, "TrainingArguments' fp16: not supported (an error naming what is); use --bf16")
+    attn_implementation: str | None = _f(
+        None,
+        "the backbone's attention kernel, passed to from_pretrained: eager, sdpa, flash_attention_2, ... (default: "
+        "transformers' choice)",
+    )
     gradient_checkpointing: bool = _f(False, "trade compute for memory")
     logging_steps: int = _f(10, "log every this many optimiser steps")
     save_steps: int = _f(500, "save a checkpoint every this many optimiser steps")
@@ -85,6 +158,7 @@ class TrainConfig:
         "folder",
     )
     report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
+    run_name: str | None = _f(None, "the run's name in the trackers of --report-to (W&B, ...); default: --output-dir")
     seed: int = _f(42, "random seed (model init, data order)")
     resume_from_checkpoint: str | None = _f(
         None, "checkpoint directory to resume from, or 'last' for the newest in output_dir"
@@ -106,7 +180,9 @@ class TrainConfig:
         "start anew in an --output-dir that holds an earlier run: its checkpoint-* folders are deleted and its model "
         "files overwritten (without this flag such a directory is refused, unless resuming)",
     )
-    on_error: str = _f("fail", "fail: stop on any bad record; skip: leave bad records out (see --rejects)")
+    on_error: str = _f(
+        "fail", "fail: stop on any bad record; skip: leave bad records out (see --rejects)", choices=("fail", "skip")
+    )
     rejects: str | None = _f(None, "where skipped records go (default: OUTPUT_DIR/rejects.jsonl)")
     marker: str = _f("<prm>", "the step marker token")
     reward_tokens: str = _f("Yes,No", "the two reward words, positive first, comma-separated")
@@ -135,7 +211,7 @@ class TrainConfig:
         True,
         "deal each optimiser step's traces (a random draw, as without this) into its micro-batches by length, "
         "sorted and balanced in cost (transformers' BatchRebalanceSampler): less padding per forward pass, the same "
-        "kind of batches and the same loss. Pays with gradient accumulation (--per-device-batch-size below "
+        "kind of batches and the same loss. Pays with gradient accumulation (--per-device-train-batch-size below "
         "--global-batch-size / devices); --group-by-length and --max-batch-tokens make their own batches instead",
     )
     step_weights: str = _f(
@@ -144,6 +220,7 @@ class TrainConfig:
         "data (their sum over a fixed count, the data's mean scored steps per trace times the step's traces: every "
         "scored step weighs the same whatever its batch, as in random batches; for --group-by-length and "
         "--max-batch-tokens, whose batches hold unequal step counts). The auxiliary LM loss likewise per token",
+        choices=("batch", "data"),
     )
     packing: bool = _f(
         True,
@@ -154,24 +231,38 @@ class TrainConfig:
     use_cpu: bool = _f(False, "train on CPU even when a GPU is present")
     ddp_backend: str | None = _f(None, "distributed backend (nccl, gloo); default: what accelerate picks")
 
+    @classmethod
+    def from_file_keys(cls, values: dict, path: str) -> dict:
+        """A --config file written for TRL's PRMConfig / transformers' TrainingArguments: their
+        names mapped onto these fields, each key betaprm cannot honour named in a warning."""
+        return hf_names.from_file_keys(cls, values, path)
+
     def __post_init__(self):
-        problems = []
-        if not self.model:
-            problems.append("--model is required (a causal-LM directory or a BetaPRM checkpoint)")
-        if not self.data:
-            problems.append("--data is required (counts records: JSONL, parquet, a saved dataset or a hub name)")
+        problems = field_problems(self)  # required flags, fixed choices (keep-steps read as steps)
+        if self.fp16:
+            problems.append(
+                "--fp16 is not supported: betaprm trains in bf16 or fp32 (fp16's range needs loss scaling the "
+                "Beta-Binomial loss is not tuned for); use --bf16 or --precision bf16"
+            )
+        if self.bf16:
+            if self.precision == "fp32":
+                problems.append("--bf16 and --precision fp32 contradict each other; give one of them")
+            else:
+                self.precision = "bf16"
+        if self.global_batch_size is None and self.gradient_accumulation_steps is None:
+            self.global_batch_size = DEFAULT_GLOBAL_BATCH_SIZE
+        if self.gradient_accumulation_steps is not None:
+            if self.gradient_accumulation_steps < 1:
+                problems.append(f"--gradient-accumulation-steps must be >= 1, got {self.gradient_accumulation_steps}")
+            if self.max_batch_tokens:
+                problems.append(
+                    "--gradient-accumulation-steps with --max-batch-tokens: the token budget's batches hold a varying "
+                    "number of traces, so the accumulation is derived from --global-batch-size; give that instead"
+                )
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
+            problems.append(f"--max-grad-norm must be a finite number >= 0 (0: no clipping), got {self.max_grad_norm}")
         if self.push_to_hub is not None and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", self.push_to_hub):
             problems.append(f"--push-to-hub must be NAME or OWNER/NAME, got {self.push_to_hub!r}")
-        if self.objective not in OBJECTIVES:
-            problems.append(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.truncation not in ("keep-steps", "reject"):
-            problems.append(f"--truncation must be keep-steps or reject, got {self.truncation!r}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            problems.append(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
-        if self.on_error not in ("fail", "skip"):
-            problems.append(f"--on-error must be fail or skip, got {self.on_error!r}")
-        if self.step_weights not in ("batch", "data"):
-            problems.append(f"--step-weights must be batch or data, got {self.step_weights!r}")
         if self.freeze_layers < 0:
             problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
         if self.weight_decay < 0:
@@ -180,8 +271,8 @@ class TrainConfig:
             problems.append("--freeze-layers with --lora-r: LoRA already freezes the backbone's weights; choose one")
         if self.max_batch_tokens < 0:
             problems.append(f"--max-batch-tokens must be >= 0 (0: off), got {self.max_batch_tokens}")
-        for name in ("global_batch_size", "per_device_batch_size", "logging_steps", "save_steps"):
-            if getattr(self, name) < 1:
+        for name in ("global_batch_size", "per_device_train_batch_size", "logging_steps", "save_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if len(self.reward_words) != 2:
             problems.append(f"--reward-tokens must be two comma-separated words, got {self.reward_tokens!r}")
@@ -205,12 +296,69 @@ class TrainConfig:
             problems.append(
                 "--overwrite-output-dir starts anew and --resume-from-checkpoint continues a run: give one of them"
             )
+        problems += self._eval_problems()
         if problems:
             raise BetaPRMInputError("bad training configuration:\n  " + "\n  ".join(problems))
+
+    def _eval_problems(self) -> list[str]:
+        """What is wrong with the evaluation-while-training flags."""
+        problems = []
+        held_out = bool(self.eval_data) or self.eval_fraction > 0
+        if not (math.isfinite(self.eval_fraction) and 0 <= self.eval_fraction < 1):
+            problems.append(f"--eval-fraction must be in [0, 1) (0: none), got {self.eval_fraction}")
+        if self.eval_data and self.eval_fraction:
+            problems.append(
+                "--eval-data and --eval-fraction both give held-out data: give --eval-data, or --eval-fraction to "
+                "hold out part of --data"
+            )
+        if self.eval_steps < 0:
+            problems.append(f"--eval-steps must be >= 1 (0: every --save-steps), got {self.eval_steps}")
+        metric = self.best_metric_name
+        if metric and metric not in BEST_METRICS:
+            problems.append(
+                f"--metric-for-best-model must be one of {', '.join(BEST_METRICS)}, got {self.metric_for_best_model!r}"
+            )
+        if not held_out:
+            for name, val in (
+                ("eval_steps", self.eval_steps),
+                ("metric_for_best_model", self.metric_for_best_model),
+                ("load_best_model_at_end", self.load_best_model_at_end),
+            ):
+                if val:
+                    problems.append(f"--{name.replace('_', '-')} needs held-out data: --eval-data or --eval-fraction")
+        elif self.load_best_model_at_end and self.eval_steps > 0 and self.save_steps % self.eval_steps:
+            problems.append(
+                f"--load-best-model-at-end needs --save-steps ({self.save_steps}) to be a multiple of --eval-steps "
+                f"({self.eval_steps}), so that every checkpoint is evaluated (the Trainer's rule); change one of them"
+            )
+        return problems
+
+    @property
+    def best_metric_name(self) -> str:
+        """--metric-for-best-model without an ``eval_`` prefix ('' when not given)."""
+        m = self.metric_for_best_model.strip()
+        return m[len("eval_") :] if m.startswith("eval_") else m
 
     @property
     def reward_words(self) -> tuple[str, ...]:
         return tuple(w for w in self.reward_tokens.split(","))
+
+
+def resolve_global_batch(cfg: TrainConfig, world: int) -> TrainConfig:
+    """``cfg`` with its global batch set from --gradient-accumulation-steps when given:
+    per-device x steps x ``world`` processes; a --global-batch-size that says otherwise is an
+    error. Without the steps, ``cfg`` as it is (the steps are derived from the global batch)."""
+    steps = cfg.gradient_accumulation_steps
+    if steps is None:
+        return cfg
+    total = cfg.per_device_train_batch_size * steps * world
+    if cfg.global_batch_size is not None and cfg.global_batch_size != total:
+        raise BetaPRMInputError(
+            f"--global-batch-size {cfg.global_batch_size} and --gradient-accumulation-steps {steps} disagree: "
+            f"--per-device-train-batch-size {cfg.per_device_train_batch_size} x {steps} steps x {world} process(es) "
+            f"= {total} traces per optimiser step; give only one of them"
+        )
+    return replace(cfg, global_batch_size=total)
 
 
 def uses_batch_rebalance(cfg: TrainConfig) -> bool:

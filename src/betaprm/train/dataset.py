@@ -167,17 +167,17 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler):
 
 
 def encode_records(
-    prm, records: Sequence[Record], max_length: int, truncation: str = "keep-steps", chunk: int = 512, progress=None
+    prm, records: Sequence[Record], max_length: int, truncation: str = "steps", chunk: int = 512, progress=None
 ) -> CountsDataset:
     """Tokenise ``records`` for training.
 
-    ``truncation="keep-steps"``: a record longer than ``max_length`` keeps the whole
+    ``truncation="steps"`` (formerly ``"keep-steps"``): a record longer than ``max_length`` keeps the whole
     steps whose markers fit, with their labels; ``"reject"``: such a record is left out.
     Either way a record whose first step does not fit is left out, and all of it is
     counted in the returned dataset's ``stats``.
     """
-    if truncation not in ("keep-steps", "reject"):
-        raise BetaPRMInputError(f"truncation must be 'keep-steps' or 'reject', got {truncation!r}")
+    if truncation not in ("steps", "keep-steps", "reject"):  # keep-steps: the old name of steps
+        raise BetaPRMInputError(f"truncation must be 'steps' or 'reject', got {truncation!r}")
     if max_length < 2:
         raise BetaPRMInputError(f"max_length must be at least 2, got {max_length}")
     marker_id = prm.config.marker_id

@@ -14,7 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError
 from torch import nn
 from tqdm.auto import tqdm
@@ -22,7 +21,6 @@ from transformers import TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..batching import pad_id
-from ..card import license_of
 from ..data.records import read_records
 from ..errors import BetaPRMInputError
 from ..evaluation.plots import kappa_dynamics
@@ -31,8 +29,11 @@ from ..model import BetaPRM, model_kind
 from ..provenance import version
 from ..vision import freeze_vision
 from .checkpoints import RunRecorder, check_resume, last_checkpoint, refuse_used_output_dir, run_record
-from .config import TrainConfig, uses_batch_rebalance
+from .checks import batch_warnings
+from .config import TrainConfig, resolve_global_batch, uses_batch_rebalance
 from .dataset import CountsCollator, TokenBudgetBatchSampler, encode_records
+from .evaluate import card_results, eval_summary, plan_evaluation
+from .finish import card_of, push_to_hub
 from .trainer import PRMTrainer
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,9 @@ def load_or_create(cfg: TrainConfig):
     # an error, never a hub request). A BetaPRM, however named, continues as the BetaPRM it is.
     source = resolve_model(cfg.model)
     if model_kind(source) != "zero-shot":
-        return BetaPRM.from_pretrained(source.path, trust_remote_code=cfg.trust_remote_code)
+        return BetaPRM.from_pretrained(
+            source.path, trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation
+        )
     try:
         return BetaPRM.from_backbone(
             cfg.model,
@@ -55,6 +58,7 @@ def load_or_create(cfg: TrainConfig):
             chat_template=cfg.chat_template,
             marker_repeat=cfg.marker_repeat,
             trust_remote_code=cfg.trust_remote_code,
+            attn_implementation=cfg.attn_implementation,
         )
     except (OSError, SafetensorError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -120,11 +124,11 @@ def _precision(cfg: TrainConfig) -> bool:
 
 
 def _grad_accum(cfg: TrainConfig, world: int) -> int:
-    per_step = cfg.per_device_batch_size * world
+    per_step = cfg.per_device_train_batch_size * world
     if cfg.global_batch_size % per_step:
         raise BetaPRMInputError(
             f"--global-batch-size {cfg.global_batch_size} is not a multiple of per-device batch "
-            f"{cfg.per_device_batch_size} x {world} devices = {per_step}; change one of them"
+            f"{cfg.per_device_train_batch_size} x {world} devices = {per_step}; change one of them"
         )
     return cfg.global_batch_size // per_step
 
@@ -186,6 +190,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     say = (log or logger.info) if rank == 0 else (lambda *a, **k: None)
+    cfg = resolve_global_batch(cfg, world)  # --gradient-accumulation-steps given: the global batch it makes
     grad_accum = _grad_accum(cfg, world) if not cfg.max_batch_tokens else None  # token budget: set below
     set_seed(cfg.seed)
     refuse_used_output_dir(cfg, rank)  # before this run writes anything there
@@ -203,7 +208,8 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     say(loaded.summary() + (f" (rejects in {rejects})" if loaded.n_rejected else ""))
     if not loaded.records:
         raise BetaPRMInputError(f"{cfg.data}: no usable records")
-    hard = hard_label_warning(loaded.records, cfg.objective, cfg.data)
+    records, plan = plan_evaluation(cfg, loaded.records, say)  # --eval-fraction / --eval-data
+    hard = hard_label_warning(records, cfg.objective, cfg.data)
     if hard and rank == 0:
         logger.warning(hard)
     record = run_record(cfg)
@@ -214,7 +220,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     prm = load_or_create(cfg)
     prm.config.objective = cfg.objective  # saved in betaprm_config.json: how the model scores (model_kind)
     card = card_of(cfg, record)  # before training: nothing after it can fail to build the card
-    if any(r.images for r in loaded.records) and getattr(prm, "processor", None) is None:
+    if any(r.images for r in records) and getattr(prm, "processor", None) is None:
         raise BetaPRMInputError(
             f"{cfg.data}: records with images need a vision-language backbone (Qwen2.5-VL, InternVL, ...); "
             f"{cfg.model} is text-only"
@@ -243,15 +249,18 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         prm.backbone.gradient_checkpointing_enable()
         prm.backbone.config.use_cache = False
 
-    with tqdm(total=len(loaded.records), desc="tokenising", disable=rank != 0 or quiet, unit="rec") as bar:
-        dataset = encode_records(prm, loaded.records, cfg.max_length, cfg.truncation, progress=bar.update)
+    with tqdm(total=len(records), desc="tokenising", disable=rank != 0 or quiet, unit="rec") as bar:
+        dataset = encode_records(prm, records, cfg.max_length, cfg.truncate, progress=bar.update)
     say(dataset.stats.describe(cfg.max_length))
     if len(dataset) == 0:
         raise BetaPRMInputError(f"no record fits --max-length {cfg.max_length}; raise it")
+    for warning in batch_warnings(cfg, len(dataset), world) if rank == 0 else ():
+        logger.warning(warning)  # a global batch larger than the data, a warmup that never ends, ...
 
     packing = cfg.packing and getattr(prm, "processor", None) is None
     if cfg.packing and not packing:
         say("packing: off (vision-language batches keep padding)")
+    held_out = plan.held_out(prm, cfg, packing, say) if plan else None
     token_batches = None
     if cfg.max_batch_tokens:
         token_batches, grad_accum = _token_batches(cfg, dataset, packing, world, say)
@@ -273,12 +282,16 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         warmup_steps=cfg.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.per_device_batch_size,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=grad_accum,
+        max_grad_norm=cfg.max_grad_norm,
+        **({"optim": cfg.optim} if cfg.optim else {}),  # default: TrainingArguments' own
+        run_name=cfg.run_name,
         logging_steps=cfg.logging_steps,
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
+        **(plan.training_args(cfg) if plan else {"eval_strategy": "no"}),
         report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
         seed=cfg.seed,
         data_seed=cfg.seed,
@@ -294,6 +307,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         model=prm,
         args=args,
         train_dataset=dataset,
+        eval_dataset=held_out,
         data_collator=CountsCollator(pad_id(prm.tokenizer), pack=packing),
         objective=cfg.objective,
         lambda_reg=cfg.lambda_reg,
@@ -308,7 +322,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         aux_lm_weight=cfg.aux_lm_weight,
         callbacks=list(callbacks or []),
     )
-    trainer.record_ids = [r.id for r in loaded.records]
+    trainer.record_ids = [r.id for r in records]
     trainer.add_callback(RunRecorder(record))  # each checkpoint records its run's settings
     if quiet:
         trainer.remove_callback(ProgressCallback)
@@ -324,14 +338,22 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     full_state = trainer.accelerator.get_state_dict(engine) if sharded else None
     if hasattr(prm.backbone, "merge_and_unload"):
         prm.backbone = prm.backbone.merge_and_unload()
+    evaluation = eval_summary(trainer, plan.source) if plan else None
+    if evaluation and evaluation["final_model"]:
+        card["results"] = card_results(evaluation["final_model"], plan.source)
     if trainer.args.should_save:
         prm.save_pretrained(out_dir, state_dict=full_state, card=card)
         summary = {
             "config": asdict(cfg),
             "run": record,
             "version": version(),
-            "records": {"loaded": len(loaded.records), "rejected": loaded.n_rejected},
+            "records": {
+                "loaded": len(loaded.records),
+                "rejected": loaded.n_rejected,
+                **({"held_out": len(plan.records)} if cfg.eval_fraction else {}),
+            },
             "truncation": asdict(dataset.stats),
+            **({"evaluation": evaluation} if evaluation else {}),
             "log_history": trainer.state.log_history,
         }
         (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -347,51 +369,3 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
             f"command, or BetaPRM.from_pretrained({cfg.push_to_hub!r})"
         )
     return prm, trainer, dataset.stats
-
-
-def card_of(cfg: TrainConfig, record: dict) -> dict:
-    """The model card's settings for the final model (``betaprm.card.model_card``): its hub
-    name, licence (``--license``, else the base model's card's) and training data (its
-    fingerprint from the run ``record``)."""
-    return {
-        "name": cfg.push_to_hub,
-        "license": cfg.license or license_of(resolve_model(cfg.model).path),
-        "data": {"name": cfg.data, "fingerprint": record["settings"]["data"]},
-    }
-
-
-def end_process_group() -> None:
-    """Close the process group a multi-process run opened (torchrun, accelerate launch), all
-    ranks together. Left to interpreter exit, gloo's threads can be torn down while still
-    joinable and abort a process that has finished its work (SIGABRT, "terminate called
-    without an active exception"), which the launcher reports as a failed run."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-HUB_IGNORE = ["checkpoint-*", "runs/*", "rejects.jsonl", "*.lock"]
-"""What --push-to-hub leaves out of --output-dir: resumable checkpoints, logs, rejects."""
-
-
-def push_to_hub(folder, repo_id: str, private: bool = False) -> str:
-    """Upload the final BetaPRM directory (``HUB_IGNORE`` left out) to ``repo_id`` through
-    ``huggingface_hub``, creating the repository when missing; returns its URL."""
-    from huggingface_hub import HfApi  # the hub client: loaded only for an upload
-
-    api = HfApi()
-    try:
-        url = api.create_repo(repo_id, private=private, exist_ok=True)
-        api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(folder),
-            ignore_patterns=HUB_IGNORE,
-            commit_message="betaprm train: final BetaPRM",
-        )
-    except Exception as e:  # network, authentication, permissions: the model is saved locally either way
-        raise BetaPRMInputError(
-            f"--push-to-hub {repo_id}: the upload failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the "
-            f"model is saved in {folder}: log in (`hf auth login` or HF_TOKEN) and upload it with `hf upload "
-            f"{repo_id} {folder}`"
-        ) from None
-    return str(url)

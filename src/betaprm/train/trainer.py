@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import BatchRebalanceSampler
+from transformers.trainer_utils import speed_metrics
 
 from ..batching import pad_batch, pad_id
 from ..beta import beta_binomial_nll, evidence_regularizer, soft_ce_loss
 from ..errors import BetaPRMInputError, TrainingDivergedError
 from .checkpoints import STATE_NAME, load_state, save_state
 from .dataset import LengthBucketSampler
+from .evaluate import HeldOut
 
 logger = logging.getLogger(__name__)
 
@@ -305,6 +308,41 @@ class PRMTrainer(Trainer):
         kwargs.pop("lr", None)
         self.optimizer = cls(param_groups, lr=lr, **kwargs)
         return self.optimizer
+
+    # ---- evaluation while training: held-out metrics (evaluate.HeldOut) through the
+    # Trainer's own flow: _maybe_log_save_evaluate -> _evaluate -> evaluate, then
+    # _determine_best_metric (best_metric, best_model_checkpoint) and the save.
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Held-out metrics of the model as it is now (``evaluate.HeldOut``: one batched
+        scoring pass, the model in eval mode): logged with the ``eval_`` prefix, the runtime
+        and throughput added, ``on_evaluate`` called, as the Trainer's own ``evaluate``.
+        Every process scores all of the held-out data (the same batches, so sharded
+        models' collective forwards stay in step) and gets the same metrics."""
+        data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if not isinstance(data, HeldOut):
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        self._memory_tracker.start()
+        start = time.time()
+        model = self.accelerator.unwrap_model(self.model)
+        metrics = {f"{metric_key_prefix}_{k}": float(v) for k, v in data.metrics(model).items()}
+        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(data)))
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        self._memory_tracker.stop_and_update_metrics(metrics)
+        return metrics
+
+    def _load_best_model(self):
+        """``load_best_model_at_end``: the best checkpoint's weights, read from this
+        trainer's own checkpoint format (``_load_from_checkpoint``)."""
+        if self.is_deepspeed_enabled:  # the DeepSpeed engine's own checkpoint
+            return super()._load_best_model()
+        logger.info(
+            "loading the best model from %s (%s = %s)",
+            self.state.best_model_checkpoint,
+            self.args.metric_for_best_model,
+            self.state.best_metric,
+        )
+        self._load_from_checkpoint(self.state.best_model_checkpoint)
 
     # ---- checkpoints: the full state in safetensors (no pickle for weights)
     def _save(self, output_dir=None, state_dict=None):
