@@ -18,7 +18,10 @@ CPU. The runs, each in its own process, one at a time, alternating over ``--roun
 - ``bare-hard-ce`` / ``bare-beta-binomial``: the least any trainer can do on the same model,
   traces, batches and packing — a plain loop of forward, the loss at the markers, backward and
   AdamW (betaprm's own model, collator and losses; no Trainer, no scheduler, no clipping, no
-  logging): the floor ``betaprm train``'s step is measured against;
+  logging; AdamW's fused kernel, as ``betaprm train`` uses by default): the floor ``betaprm train``'s
+  step is measured against;
+- ``before:RUN`` (with ``--before-src DIR``): RUN with the betaprm of another checkout's ``src``
+  (e.g. ``git worktree add /tmp/before COMMIT``), in the same rounds: a change's effect on speed;
 - ``+freezeN`` (not run unless named in ``--runs``): the same with ``--freeze-layers N`` (the
   embeddings and the bottom N of the 6 layers frozen), e.g. ``--runs hard-ce,hard-ce+freeze3``.
 
@@ -130,7 +133,8 @@ def bare_loop(objective: str, work: str, batch: int, warmup: int, steps: int, pr
     prm.train()
     data = encode_records(prm, read_records(os.path.join(work, "records.jsonl")).records, max_length=4096)
     collate = CountsCollator(pad_id(prm.tokenizer), pack=True)
-    opt = torch.optim.AdamW([p for p in prm.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.05)
+    # The fused kernel: what `betaprm train` gets by default (TrainingArguments' adamw_torch_fused).
+    opt = torch.optim.AdamW([p for p in prm.parameters() if p.requires_grad], lr=1e-5, weight_decay=0.05, fused=True)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).tolist()
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     tokens = [len(data[i]["input_ids"]) for i in range(len(data))]
@@ -197,8 +201,15 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: 
         tokens = [len(x) for x in trainer.train_dataset["input_ids"]]
         trainer.train()
     else:
+        import dataclasses
+
         from betaprm.train import TrainConfig, train
 
+        # An older checkout (--before-src) names the per-device batch as it did then.
+        names = {f.name for f in dataclasses.fields(TrainConfig)}
+        per_device = (
+            "per_device_train_batch_size" if "per_device_train_batch_size" in names else "per_device_batch_size"
+        )
         cfg = TrainConfig(
             model=lm,
             data=os.path.join(work, "records.jsonl"),
@@ -206,7 +217,7 @@ def worker(run: str, work: str, batch: int, warmup: int, steps: int, precision: 
             objective=run.split("+")[0],
             max_steps=warmup + steps,
             global_batch_size=batch,
-            per_device_train_batch_size=batch,
+            **{per_device: batch},
             learning_rate=1e-5,
             logging_steps=10**6,
             save_steps=10**9,
@@ -238,11 +249,15 @@ def main(argv=None):
     )
     ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated runs (see above)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--before-src", default=None, help="another checkout's src folder, for the before:RUN runs")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        print("RESULT " + json.dumps(worker(a.worker, a.work, a.batch, a.warmup, a.steps, a.precision)))
+        run = a.worker.removeprefix("before:")
+        print(
+            "RESULT " + json.dumps({**worker(run, a.work, a.batch, a.warmup, a.steps, a.precision), "run": a.worker})
+        )
         return
     with tempfile.TemporaryDirectory() as work:
         build(work, a.traces)
@@ -265,12 +280,15 @@ def main(argv=None):
                     "--precision",
                     a.precision,
                 ]
+                src = os.path.join(os.path.dirname(__file__), "..", "src")
+                if run.startswith("before:"):
+                    if not a.before_src:
+                        sys.exit(f"{run}: give --before-src")
+                    src = a.before_src
                 env = {
                     **os.environ,
                     "TOKENIZERS_PARALLELISM": "false",
-                    "PYTHONPATH": os.pathsep.join(
-                        [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")]
-                    ),
+                    "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
                 }
                 res = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
