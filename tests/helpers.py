@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from betaprm.tiny import tiny_causal_lm, train_bytelevel_tokenizer
+from betaprm.train import TrainConfig
 
 from .conftest import CORPUS
 
@@ -42,6 +43,24 @@ def make_counts(path: Path, n=96, seed=0, n_mc=8) -> Path:
                 + "\n"
             )
     return path
+
+
+def train_config(lm_dir, data, out, **kw) -> TrainConfig:
+    """A tiny CPU training run's config: these settings, ``kw`` over them."""
+    base = dict(
+        model=str(lm_dir),
+        data=str(data),
+        output_dir=str(out),
+        global_batch_size=8,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        max_steps=6,
+        logging_steps=2,
+        save_steps=3,
+        use_cpu=True,
+        seed=1,
+    )
+    return TrainConfig(**{**base, **kw})
 
 
 def run_cli(*args, cwd=None, timeout=300):

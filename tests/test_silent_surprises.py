@@ -16,7 +16,7 @@ from betaprm.train import TrainConfig, train
 from betaprm.train.checks import batch_warnings, optimiser_steps
 from betaprm.types import StepScores
 
-from .helpers import make_counts, make_lm_dir
+from .helpers import make_counts, make_lm_dir, train_config
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +25,7 @@ def lm_dir(tmp_path_factory):
 
 
 def cfg(lm_dir, data, out, **kw):
-    base = dict(
-        model=str(lm_dir),
-        data=str(data),
-        output_dir=str(out),
-        global_batch_size=8,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        max_steps=6,
-        logging_steps=1,
-        save_steps=100,
-        use_cpu=True,
-        seed=1,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return train_config(lm_dir, data, out, **{"logging_steps": 1, "save_steps": 100, **kw})
 
 
 class Snapshot(TrainerCallback):

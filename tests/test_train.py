@@ -14,7 +14,7 @@ from betaprm.formatting import fit_to_length
 from betaprm.train import PRMTrainer, TrainConfig, train
 from betaprm.train.dataset import CountsCollator, encode_records
 
-from .helpers import make_counts, make_lm_dir
+from .helpers import make_counts, make_lm_dir, train_config
 
 
 @pytest.fixture(scope="module")
@@ -28,21 +28,7 @@ def counts(tmp_path_factory):
 
 
 def cfg(lm_dir, counts, out, **kw):
-    base = dict(
-        model=str(lm_dir),
-        data=str(counts),
-        output_dir=str(out),
-        global_batch_size=8,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        max_steps=6,
-        logging_steps=2,
-        save_steps=3,
-        use_cpu=True,
-        seed=1,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return train_config(lm_dir, counts, out, **kw)
 
 
 def params(model):

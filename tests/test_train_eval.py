@@ -21,7 +21,7 @@ from betaprm.train import TrainConfig, train
 from betaprm.train.checkpoints import read_state
 from betaprm.train.evaluate import split_by_question
 
-from .helpers import make_counts, make_lm_dir
+from .helpers import make_counts, make_lm_dir, train_config
 
 COUNTS_KEYS = ("eval_loss", "eval_nll", "eval_mae", "eval_ece", "eval_brier", "eval_coverage", "eval_runtime")
 
@@ -51,21 +51,7 @@ def held_out(tmp_path_factory):
 
 
 def cfg(lm_dir, counts, out, **kw):
-    base = dict(
-        model=str(lm_dir),
-        data=str(counts),
-        output_dir=str(out),
-        global_batch_size=8,
-        learning_rate=1e-3,
-        max_steps=6,
-        logging_steps=2,
-        save_steps=2,
-        eval_steps=2,
-        use_cpu=True,
-        seed=1,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    return train_config(lm_dir, counts, out, **{"save_steps": 2, "eval_steps": 2, **kw})
 
 
 def _has(module: str) -> bool:
