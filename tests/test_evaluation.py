@@ -74,3 +74,26 @@ def test_count_calibration_against_scipy_and_by_hand():
     assert r["intervals"]["binomial_at_mu_0.9"]["width"] < r["intervals"]["beta_binomial_0.9"]["width"]
     std = evaluate_counts(mu, kappa, k, n, beta=False)
     assert "beta_binomial" not in std["nll"] and "spearman_sigma_error" not in std
+
+
+def test_beta_binomial_intervals_from_a_table_equal_scipys_quantiles():
+    """The held-out intervals of K come from one table of each step's Beta-Binomial (fast
+    enough to evaluate while training); they must be scipy's ppf to the last k, at extreme
+    parameters too (mu 0 or 1, kappa from 0.05 to 3000), and fall back to it for large N."""
+    from scipy.stats import betabinom
+
+    from betaprm.evaluation.calibration import TABLE_MAX_N, beta_binomial_interval
+
+    rng = np.random.default_rng(0)
+    for n in (rng.integers(1, 40, 2000).astype(float), np.full(100, float(TABLE_MAX_N + 1))):
+        m = len(n)
+        mu = rng.uniform(0, 1, m)
+        mu[:20], mu[20:40] = 0.0, 1.0
+        kappa = np.exp(rng.uniform(-3, 8, m))
+        a, b = mu * kappa + 1e-6, (1 - mu) * kappa + 1e-6
+        for level in (0.5, 0.9, 0.99):
+            lo, hi = beta_binomial_interval(n, a, b, level)
+            tail = (1 - level) / 2
+            dist = betabinom(n, a, b)
+            np.testing.assert_array_equal(lo, dist.ppf(tail))
+            np.testing.assert_array_equal(hi, dist.ppf(1 - tail))
