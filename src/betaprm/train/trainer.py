@@ -17,6 +17,7 @@ no weight decay on biases and norms.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -94,6 +95,16 @@ class PRMTrainer(Trainer):
         if not torch.isfinite(loss).all():
             self.diverged(f"non-finite loss ({loss.item()})")
         return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        # The step's gradient norm, which the Trainer computes before every optimiser step
+        # (clipping, or logging) and which is non-finite exactly when a gradient is: the
+        # check costs no pass of its own. Under DeepSpeed there may be none; the loss check
+        # in training_step holds there.
+        norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if norm is not None and not math.isfinite(float(norm)):
+            self.diverged("non-finite gradient")
+        return norm
 
     def diverged(self, what: str):
         rows = torch.cat(self._step_rows).tolist() if self._step_rows else []
@@ -364,17 +375,14 @@ class PRMTrainer(Trainer):
 
 
 class NonFiniteStop(TrainerCallback):
-    """Checks the gradients after clipping and before the optimiser step: a NaN or
-    inf gradient (from a finite loss too, e.g. an overflow) stops training."""
+    """Lets go of the step's rows once its gradients have passed ``PRMTrainer._get_grad_norm``'s
+    check (a NaN or inf gradient, from a finite loss too, e.g. an overflow, stops training
+    before the optimiser step)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        # Under DeepSpeed the gradients are not on the parameters; the loss check in
-        # training_step still holds there.
-        grads = [p.grad for p in (model or self.trainer.model).parameters() if p.grad is not None]
-        # One norm per tensor in its own dtype (no float32 copies of bf16 gradients).
-        if grads and not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
-            self.trainer.diverged("non-finite gradient")
+        # The gradient check itself is in PRMTrainer._get_grad_norm (the norm the Trainer
+        # computes anyway); here the step's rows are let go once it has passed.
         self.trainer._step_rows = []
