@@ -1,5 +1,6 @@
 """One rank of the two-process CPU (gloo) training test: trains, then writes a digest
-of its parameters and its view of the world size. Run by torchrun from test_distributed."""
+of its parameters, its view of the world size and (with held-out data) its evaluations.
+Run by torchrun from test_distributed."""
 
 import hashlib
 import json
@@ -13,6 +14,8 @@ from betaprm.train import TrainConfig, dataset, end_process_group, train
 def main():
     lm, data, out = sys.argv[1:4]
     tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    # Held-out counts records: evaluate every 2 steps and end with the best checkpoint.
+    eval_data = sys.argv[5] if len(sys.argv) > 5 else ""
     seen = []  # the record indices of every batch this rank trained on
     collate = dataset.CountsCollator.__call__
 
@@ -21,7 +24,7 @@ def main():
         return collate(self, features)
 
     dataset.CountsCollator.__call__ = spy
-    cfg = TrainConfig(
+    kw = dict(
         model=lm,
         data=data,
         output_dir=out,
@@ -36,6 +39,9 @@ def main():
         seed=1,
         max_batch_tokens=tokens,
     )
+    if eval_data:  # a high learning rate, so the best checkpoint is not always the last
+        kw.update(eval_data=eval_data, eval_steps=2, save_steps=2, load_best_model_at_end=True, learning_rate=1e-1)
+    cfg = TrainConfig(**kw)
     prm, trainer, _ = train(cfg)
     h = hashlib.sha256()
     for k, v in sorted(prm.state_dict().items()):
@@ -49,6 +55,13 @@ def main():
         "kappa_bias": prm.kappa_head.bias.item(),
         "steps": trainer.state.global_step,
         "seen": seen,
+        "evals": [
+            {k: v for k, v in e.items() if k.startswith("eval_") and "per_second" not in k and "runtime" not in k}
+            for e in trainer.state.log_history
+            if "eval_nll" in e
+        ],
+        "best_metric": trainer.state.best_metric,
+        "best_checkpoint": trainer.state.best_model_checkpoint,
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(info))
     end_process_group()  # as `betaprm train` does: no teardown race at exit
