@@ -23,7 +23,8 @@ from betaprm.synth import (
     synth_is_correct,
     synth_tasks,
 )
-from betaprm.synth.experiment import BayesScorer, CachedScorer
+from betaprm.synth.experiment import BayesScorer
+from betaprm.synth.frontiers import CachedScorer
 
 
 def _state(cands, **kw):
@@ -295,6 +296,54 @@ def test_cli_aca_plot_against_a_best_of_n_baseline(tmp_path):
     assert (tmp_path / "p" / "aca_tokens.png").stat().st_size > 0
     recs = [json.loads(line) for line in (tmp_path / "bon.jsonl").read_text().splitlines()]
     assert all(r["candidates"][r["chosen"]]["correct"] == r["correct"] for r in recs)
+
+
+def test_cli_aca_frontier_of_runs_at_several_knob_values(tmp_path, capsys):
+    """`betaprm aca --plots --frontier`: runs at other c-stop values and of another variant
+    become frontiers (aca_frontier.png); this run is compared with each at its own tokens,
+    with the numbers the frontier module gives for the same records."""
+    from betaprm.cli import main
+    from betaprm.evaluation import frontier
+    from betaprm.model import BetaPRM
+    from tests.helpers import make_lm_dir
+
+    BetaPRM.from_backbone(str(make_lm_dir(tmp_path / "lm"))).save_pretrained(tmp_path / "prm")
+    common = ["aca", "--model", str(tmp_path / "prm"), "--n-problems", "12", "--final", "lin"]
+    runs = {"aca0": ["--c-stop", "0"], "aca1": ["--c-stop", "1"], "ro": ["--variant", "reward-only"]}
+    for name, flags in runs.items():
+        assert main([*common, *flags, "--out", str(tmp_path / f"{name}.jsonl")]) == 0
+    capsys.readouterr()
+    others = ",".join(str(tmp_path / f"{n}.jsonl") for n in runs)
+    out = tmp_path / "aca03.jsonl"
+    assert (
+        main([*common, "--c-stop", "0.3", "--out", str(out), "--plots", str(tmp_path / "p"), "--frontier", others])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert (tmp_path / "p" / "aca_frontier.png").stat().st_size > 0
+
+    def point(path, knob):
+        recs = sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["id"])
+        return frontier.Point(knob, sum(r["tokens"] for r in recs), np.array([float(r["correct"]) for r in recs]))
+
+    this = point(out, 0.3)
+    aca = [this, point(tmp_path / "aca0.jsonl", 0.0), point(tmp_path / "aca1.jsonl", 1.0)]
+    ro = [point(tmp_path / "ro.jsonl", 0.0)]
+    assert (
+        "frontier aca (c_stop): "
+        + "; ".join(f"{r['knob']:g}: {r['tokens']:.0f} tokens, {r['acc']:.3f}" for r in frontier.curve(aca))
+        in printed
+    )
+    m = frontier.matched(this, ro)
+    want = "outside its tokens" if m is None else f"{m['diff']:+.3f} [{m['ci'][0]:+.3f}, {m['ci'][1]:+.3f}]"
+    assert f"this run minus reward-only: {want}" in printed
+    # Records on other problems are refused, by name.
+    assert main([*common, "--n-problems", "6", "--out", str(tmp_path / "six.jsonl")]) == 0
+    bad = [*common, "--out", str(tmp_path / "x.jsonl"), "--plots", str(tmp_path / "p")]
+    assert main([*bad, "--frontier", str(tmp_path / "six.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "six.jsonl: its records are not on this run's problems" in err
+    assert not (tmp_path / "x.jsonl").exists()  # refused before any work
 
 
 def test_tune_rb_on_world_uses_the_validation_split_only():

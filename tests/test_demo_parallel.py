@@ -13,7 +13,8 @@ from transformers import PreTrainedTokenizerFast
 
 from betaprm.selectors import tune_selectors
 from betaprm.synth import World
-from betaprm.synth.experiment import aca_table, demo_data
+from betaprm.synth.experiment import demo_data
+from betaprm.synth.frontiers import aca_table
 from betaprm.synth.recipe import DemoConfig
 from betaprm.synth.training import PRM_JOBS, build_backbone, train_prms
 
@@ -69,9 +70,14 @@ def test_parallel_prms_equal_sequential_training(tmp_path):
         )
         tok = PreTrainedTokenizerFast.from_pretrained(par / "backbone")
         hits = np.ones(len(test_pools))
-        got_table, got_points = aca_table(world, test_pools, hits, {}, tuned, tok, 3, run_dir=par, threads=2)
-        ref_table, ref_points = aca_table(world, test_pools, hits, ref_models, tuned, tok, 3)
+        got_table, got_points, got_sweeps = aca_table(
+            world, test_pools, hits, {}, tuned, tok, 3, run_dir=par, threads=2
+        )
+        ref_table, ref_points, ref_sweeps = aca_table(world, test_pools, hits, ref_models, tuned, tok, 3)
         assert got_table == ref_table and got_points == ref_points
+        assert {k: [(p.knob, p.tokens, p.hits.tolist()) for p in v] for k, v in got_sweeps.items()} == {
+            k: [(p.knob, p.tokens, p.hits.tolist()) for p in v] for k, v in ref_sweeps.items()
+        }
         assert list(got_table)[:6] == [
             "vanilla_bon",
             "aca",

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import BetaPRMInputError
+from .evaluation.frontier import Point
 from .generation.base import GenerationRequest
 from .options import opt as _f
 from .provenance import TaskRecords
@@ -346,15 +347,14 @@ def accuracy_phrase(s: dict) -> str:
     return f"accuracy {s['acc']:.3f}" + (f" on the {judged} with an answer" if s["no_reference"] else "")
 
 
-def best_of_n_curve(
-    records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None
-) -> tuple[list[int], list[float]]:
-    """Accuracy against generated tokens of Best-of-n for n = 1 .. the smallest pool, from
-    the records of a ``best-of-n`` run (their first n candidates, picked by the selector
-    ``method`` of ``betaprm.selectors`` with ``lam`` and ``tau``)."""
+def best_of_n_points(records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None) -> list[Point]:
+    """Best-of-n for n = 1 .. the smallest pool, from the records of a ``best-of-n`` run
+    (their first n candidates, picked by the selector ``method`` of ``betaprm.selectors``
+    with ``lam`` and ``tau``): one ``evaluation.frontier.Point`` per n (its knob), with the
+    generated tokens of those candidates and the per-problem hits."""
     tuned = {method: TuneResult(method, lam, None, tau, float("nan"))}
     pools = [[StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]] for r in records]
-    xs, ys = [], []
+    points = []
     for n in range(1, min(len(p) for p in pools) + 1):
         hits, toks = [], 0
         for r, pool in zip(records, pools):
@@ -363,6 +363,13 @@ def best_of_n_curve(
                 bool(hit(method, [c.get("answer") for c in cands], [c["correct"] for c in cands], pool[:n], tuned))
             )
             toks += sum(c["n_tokens"] for c in cands)
-        xs.append(toks)
-        ys.append(float(np.mean(hits)))
-    return xs, ys
+        points.append(Point(n, float(toks), np.array(hits, dtype=np.float64)))
+    return points
+
+
+def best_of_n_curve(
+    records: Sequence[dict], method: str, lam: float = 0.5, tau: float | None = None
+) -> tuple[list[int], list[float]]:
+    """Accuracy against generated tokens of Best-of-n (``best_of_n_points``) as two lists."""
+    points = best_of_n_points(records, method, lam, tau)
+    return [int(p.tokens) for p in points], [p.acc for p in points]

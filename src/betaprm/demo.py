@@ -25,13 +25,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .evaluation.calibration import evaluate_counts, flat_counts
+from .evaluation.calibration import evaluate_counts, flat_counts, step_nll
 from .evaluation.metrics import bootstrap_ci, paired_bootstrap
 from .provenance import version
 from .scoring import score_traces
 from .selectors import tune_selectors
 from .synth import World, WorldConfig, diagnostics
-from .synth.experiment import aca_table, bayes_scores, bon_hits, demo_data
+from .synth.experiment import bayes_scores, bon_hits, demo_data
+from .synth.frontiers import aca_table, bon_frontiers, frontier_results, per_problem_json, pool_token_counts
 from .synth.recipe import BASE, PRESETS, DemoConfig
 from .synth.report import demo_plots, format_results
 from .synth.training import build_backbone, train_prms
@@ -119,19 +120,20 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
             **paired_bootstrap(hits[best_beta], hits["majority_vote"], seed=cfg.seed),
         },
     }
-    curves = {}
-    for n in range(1, eff.n_candidates + 1):
-        for key, v in bon_hits(test_pools, selectable, tuned, n=n).items():
-            curves.setdefault(key, []).append(float(v.mean()))
+    # Best-of-n for every n: accuracy against the pools' tokens (the frontier of its knob, n).
+    bon_sweeps = bon_frontiers(test_pools, selectable, tuned, pool_token_counts(test_pools, tokenizer))
+    curves = {key: [p.acc for p in pts] for key, pts in bon_sweeps.items()}
     verification, clean_bias = diagnostics.verification(test_scores, test_pools, [p.correct for p in test_pools])
     shortcut = diagnostics.value_prior(test_pools, test_scores, val_pools)
-    cal, arrays, counts_cal = {}, {}, {}
+    cal, arrays, counts_cal, held_nll = {}, {}, {}, {}
     for name in models:
         cal[name], arrays[name] = diagnostics.calibration(
             test_pools, sc[name]["test"], data.held_records, held[name], beta=name == "betaprm"
         )
         # The same numbers as `betaprm eval-calibration --model OUT/NAME --data OUT/held_out_counts.jsonl`.
-        counts_cal[name] = evaluate_counts(*flat_counts(data.held_records, held[name]), beta=name == "betaprm")
+        counts = flat_counts(data.held_records, held[name])
+        counts_cal[name] = evaluate_counts(*counts, beta=name == "betaprm")
+        held_nll[name] = step_nll(*counts, beta=name == "betaprm")
 
     results = {
         "config": asdict(cfg),
@@ -158,7 +160,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         "clean_bias_by_step": clean_bias,
         "value_prior": shortcut,
     }
-    aca = None
+    aca, aca_sweeps = None, None
     if eff.aca:
         t0 = time.perf_counter()
         # On CPU the variants run two at a time in worker processes, as the PRMs train.
@@ -173,16 +175,25 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
             cfg.seed,
             run_dir=out if parallel else None,
             threads=torch.get_num_threads(),
+            frontier=eff.aca_frontier,
         )
+        aca, aca_sweeps = aca[:2], aca[2]
         results["aca"] = aca[0]
-        log(f"ACA: 4 variants on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
+        runs = sum(map(len, aca_sweeps.values()))
+        log(f"ACA: 4 variants ({runs} runs) on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
+    curves_json, results["frontier_comparisons"] = frontier_results(aca_sweeps, bon_sweeps, cfg.seed)
+    results.update(curves_json)
+    # Per-problem outcomes, for pooling runs over seeds and worlds (benchmarks/reliability_claims.py).
+    (out / "per_problem.json").write_text(
+        json.dumps(per_problem_json(bon_sweeps, aca_sweeps, held_nll), separators=(",", ":")) + "\n"
+    )
     results["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    demo_plots(out, histories, arrays, curves, eff.n_candidates, aca, held_out=counts_cal["betaprm"])
+    demo_plots(out, histories, arrays, curves, eff.n_candidates, aca, held_out=counts_cal["betaprm"], results=results)
 
     log("\n" + format_results(results))
     log(
         f"\nwrote {out / 'results.json'} and plots (kappa_dynamics, reliability, kappa_vs_bayes, sigma_error, "
-        f"best_of_n{', aca_tokens' if eff.aca else ''} .png) in {results['seconds']:.0f}s"
+        f"best_of_n{', aca_tokens' if eff.aca else ''}, aca_frontier .png) in {results['seconds']:.0f}s"
     )
     return results

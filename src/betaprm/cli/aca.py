@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ..aca import ACAConfig, ACASettings, best_of_n_curve, final_selector_problems, run_aca, summarize
+import numpy as np
+
+from ..aca import (
+    ACAConfig,
+    ACASettings,
+    best_of_n_curve,
+    best_of_n_points,
+    final_selector_problems,
+    run_aca,
+    summarize,
+)
 from ..data.records import read_objects
 from ..errors import BetaPRMInputError
-from ..evaluation import plots
+from ..evaluation import frontier, plots
 from ..options import opt as _f
+from ..provenance import meta_path
 from ..synth.experiment import tune_rb_on_world
 from .flags import add_config_args, config_from_args
 from .problems import NOT_RESULTS, GenerationOptions, ProblemOptions, run_with_output, setup, summary_line
@@ -60,6 +72,14 @@ class ACACommandConfig(ProblemOptions, ACASettings, BatchOptions, GenerationOpti
     baseline: str | None = _f(
         None, "with --plots: records of a --variant best-of-n run, drawn as the Best-of-n curve (n = 1..budget)"
     )
+    frontier: str | None = _f(
+        None,
+        "with --plots: records of other betaprm aca runs on the same problems, comma-separated (each with its "
+        "OUT.meta.json), e.g. at other values of a variant's knob (--c-stop for aca and proxy, --stop-margin for "
+        "reward-only, --budget for no-early-stop) or of another --variant: each variant's runs, this one "
+        "included, drawn as one frontier of accuracy against tokens with 95%% bands (aca_frontier.png), and this "
+        "run compared with each other variant's frontier (and --baseline's Best-of-n) at its own tokens",
+    )
 
     def __post_init__(self):
         bad = self.problem_checks()
@@ -86,8 +106,20 @@ def add_arguments(parser):
     add_config_args(parser, ACACommandConfig)
 
 
+# The knob each variant's frontier sweeps (an ACASettings field).
+KNOBS = {
+    "aca": "c_stop",
+    "proxy": "c_stop",
+    "reward-only": "stop_margin",
+    "no-early-stop": "budget",
+    "best-of-n": "budget",
+}
+
+
 def run(args):
-    return run_with_output(config_from_args(ACACommandConfig, args), _run, NOT_RESULTS | {"plots", "baseline"})
+    return run_with_output(
+        config_from_args(ACACommandConfig, args), _run, NOT_RESULTS | {"plots", "baseline", "frontier"}
+    )
 
 
 def _run(cfg):
@@ -105,6 +137,8 @@ def _run(cfg):
         print("betaprm aca: no --final-tau for S_RB on a problems file: the final choice uses S_lin (lambda 0.5)")
         cfg.final = "lin"
     aca_cfg = cfg.aca_config(final_lam if final_lam is not None else 0.5, final_tau)
+    # --frontier's runs are read and checked against these problems before any work.
+    others = _frontier_runs(cfg, [t.id for t in r.tasks]) if cfg.plots and cfg.frontier else []
     records = run_aca(
         r.tasks,
         r.generator,
@@ -120,11 +154,11 @@ def _run(cfg):
     extra = f", mean pool {s['mean_pool_size']:.1f}, stops {s['stop_reasons']}"
     print(summary_line(cfg.variant, s, cfg.out, extra))
     if cfg.plots:
-        _plot(cfg, records, s, final_lam, final_tau)
+        _plot(cfg, records, s, final_lam, final_tau, others)
     return 0
 
 
-def _plot(cfg, records, s, final_lam, final_tau):
+def _plot(cfg, records, s, final_lam, final_tau, others=()):
     """This run as a point on accuracy against tokens, over the Best-of-n curve of a
     best-of-n run's records (its first n candidates, the same final selector)."""
     curve = {}
@@ -144,3 +178,77 @@ def _plot(cfg, records, s, final_lam, final_tau):
         points={cfg.variant: (s["tokens"], s["acc"])},
         xlabel="generated tokens",
     )
+    if cfg.frontier:
+        _plot_frontiers(cfg, records, others, base if cfg.baseline else None, final_lam, final_tau)
+
+
+def _run_point(variant: str, settings: dict, records, ids: list[str], where: str) -> frontier.Point:
+    """One run's records as a frontier point at its variant's knob, its hits in ``ids``' order."""
+    by_id = {r["id"]: r for r in records}
+    if sorted(by_id) != sorted(ids):
+        raise BetaPRMInputError(
+            f"{where}: its records are not on this run's problems ({len(set(by_id) - set(ids))} other ids, "
+            f"{len(set(ids) - set(by_id))} missing); a frontier compares runs on the same problems"
+        )
+    return frontier.Point(
+        float(settings[KNOBS[variant]]),
+        float(sum(r["tokens"] for r in records)),
+        np.array([float(bool(by_id[i]["correct"])) for i in ids]),
+    )
+
+
+def _frontier_runs(cfg, ids: list[str]) -> list[tuple[str, frontier.Point]]:
+    """--frontier's runs as (variant, point at its knob), each checked to be on ``ids``."""
+    runs = []
+    for path in [p.strip() for p in cfg.frontier.split(",") if p.strip()]:
+        meta = meta_path(path)
+        try:
+            settings = json.loads(meta.read_text(encoding="utf-8"))["settings"]
+            variant = settings["variant"]
+            KNOBS[variant]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise BetaPRMInputError(
+                f"--frontier {path}: {meta} is missing or not a betaprm aca settings file; give the records of "
+                "betaprm aca runs, each with the OUT.meta.json it wrote"
+            ) from None
+        recs = [r for _, r in read_objects(path, ("id",), "an ACA record", "--frontier")]
+        runs.append((variant, _run_point(variant, settings, recs, ids, f"--frontier {path}")))
+    return runs
+
+
+def _plot_frontiers(cfg, records, others, baseline, final_lam, final_tau):
+    """--frontier: every variant's runs as one frontier (aca_frontier.png) and this run against
+    the other variants' frontiers at its tokens, printed."""
+    ids = [r["id"] for r in records]
+    this = _run_point(cfg.variant, vars(cfg), records, ids, "this run")
+    sweeps = {cfg.variant: [this]}
+    for variant, point in others:
+        sweeps.setdefault(variant, []).append(point)
+    if baseline is not None:
+        method = cfg.final if final_tau is not None or cfg.final != "rb" else "lin"
+        by_id = {r["id"]: r for r in baseline}
+        if sorted(by_id) != sorted(ids):
+            raise BetaPRMInputError("--baseline: its records are not on this run's problems; give a run on the same")
+        sweeps["Best-of-n (baseline)"] = best_of_n_points(
+            [by_id[i] for i in ids], method, final_lam if final_lam is not None else 0.5, final_tau
+        )
+    curves = {name: frontier.curve(pts, seed=cfg.seed) for name, pts in sweeps.items()}
+    plots.frontier_curves(curves, Path(cfg.plots) / "aca_frontier.png", xlabel="generated tokens")
+    for name, pts in sweeps.items():
+        print(
+            f"frontier {name} ({KNOBS.get(name, 'n')}): "
+            + "; ".join(f"{r['knob']:g}: {r['tokens']:.0f} tokens, {r['acc']:.3f}" for r in curves[name])
+        )
+    for name, pts in sweeps.items():
+        if name == cfg.variant:
+            continue
+        d = frontier.dominance(sweeps[cfg.variant], pts)
+        m = frontier.matched(this, pts, seed=cfg.seed)
+        higher = {"a": cfg.variant, "b": name}.get(d["verdict"], d["verdict"])
+        at = (
+            "outside its tokens"
+            if m is None
+            else f"{m['diff']:+.3f} [{m['ci'][0]:+.3f}, {m['ci'][1]:+.3f}] at {m['tokens']:.0f} tokens"
+        )
+        print(f"{cfg.variant} vs {name}: higher frontier {higher}; this run minus {name}: {at}")
+    print(f"wrote {Path(cfg.plots) / 'aca_frontier.png'}")

@@ -107,6 +107,7 @@ def run_with_output(cfg, run, not_results=NOT_RESULTS):
     from ..model import model_kind  # torch: loaded when a command runs, not for --help
 
     plots = getattr(cfg, "plots", None)
+    frontier = [f.strip() for f in (getattr(cfg, "frontier", None) or "").split(",") if f.strip()]
     check_paths(
         [
             ("--model", cfg.model),
@@ -114,8 +115,13 @@ def run_with_output(cfg, run, not_results=NOT_RESULTS):
             ("--problems", cfg.problems),
             ("--world-config", cfg.world_config),
             ("--baseline", getattr(cfg, "baseline", None)),
+            *(("--frontier", f) for f in frontier),
         ],
-        [("--out", cfg.out), ("--plots (aca_tokens.png)", f"{plots}/aca_tokens.png" if plots else None)],
+        [
+            ("--out", cfg.out),
+            ("--plots (aca_tokens.png)", f"{plots}/aca_tokens.png" if plots else None),
+            ("--plots (aca_frontier.png)", f"{plots}/aca_frontier.png" if plots and frontier else None),
+        ],
         [("--plots", plots)],
     )
     where = {

@@ -91,13 +91,26 @@ def expected_calibration_error(mu, target, bins: int = 10) -> tuple[float, list[
     return float(ece), table
 
 
+def step_nll(mu, kappa, k, n, beta: bool) -> np.ndarray:
+    """-log P(K | N) of each step under the model's predictive distribution: the
+    Beta-Binomial at (mu, kappa) when ``beta``, else the binomial at mu (nats, the
+    coefficient included: the ``nll`` of ``evaluate_counts``, step by step)."""
+    mu, k, n = (np.asarray(x, dtype=np.float64) for x in (mu, k, n))
+    if not beta:
+        return _binomial_nll(k, n, mu)
+    import torch
+
+    from ..beta import beta_binomial_nll
+
+    kappa = np.asarray(kappa, dtype=np.float64)
+    return beta_binomial_nll(*(torch.tensor(x, dtype=torch.float64) for x in (mu, kappa, k, n))).numpy()
+
+
 def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10, levels=LEVELS) -> dict:
     """The metrics of the module docstring for flat per-step arrays. ``beta``: the model
     gives a Beta belief (``kappa`` used); otherwise ``kappa`` is ignored. ``levels``: the
     intervals of K to report (each Beta-Binomial one costs a quantile search per step)."""
     from scipy.stats import binom
-
-    from ..beta import beta_binomial_nll
 
     mu, k, n = (np.asarray(x, dtype=np.float64) for x in (mu, k, n))
     rate = k / n
@@ -123,12 +136,8 @@ def evaluate_counts(mu, kappa, k, n, beta: bool, bins: int = 10, levels=LEVELS) 
             "width": float(((hi - lo) / n).mean()),
         }
     if beta:
-        import torch
-
         kappa = np.asarray(kappa, dtype=np.float64)
-        nll["beta_binomial"] = float(
-            beta_binomial_nll(*(torch.tensor(x, dtype=torch.float64) for x in (mu, kappa, k, n))).mean()
-        )
+        nll["beta_binomial"] = float(step_nll(mu, kappa, k, n, beta=True).mean())
         # The same eps as the likelihood keeps both parameters positive at mu = 0 or 1.
         a, b = mu * kappa + 1e-6, (1 - mu) * kappa + 1e-6
         for level in levels:

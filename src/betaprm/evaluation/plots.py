@@ -95,6 +95,23 @@ def best_of_n_curves(curves: dict, path, points: dict | None = None, xlabel: str
     plt.close(fig)
 
 
+def frontier_curves(curves: dict, path, xlabel: str = "generated tokens (all test problems)") -> None:
+    """Accuracy against tokens, one line per method through its knob's settings, with the
+    95% band of each point; ``curves``: label -> rows of ``evaluation.frontier.curve``."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, rows in curves.items():
+        xs = [r["tokens"] for r in rows]
+        line = ax.plot(xs, [r["acc"] for r in rows], marker=".", label=name)[0]
+        ax.fill_between(xs, [r["ci"][0] for r in rows], [r["ci"][1] for r in rows], alpha=0.12, color=line.get_color())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)
+
+
 def sigma_vs_error(series: dict, path) -> None:
     """Mean |mu - K/N| against mean sigma in equal-count bins of sigma, with the line a
     calibrated sigma would follow on average (E|X - mean| <= sigma; it ignores the counts'

@@ -1,5 +1,6 @@
 """The demo's experiment in the chain-arithmetic world: its splits, training records,
-Best-of-N pools with the truth of every step, and the ACA table on the test problems.
+Best-of-N pools with the truth of every step, the Best-of-N rows and the exact Bayes
+scorer (ACA and the frontiers on the test problems: ``synth.frontiers``).
 
 Everything here is deterministic in the seed (``split_seeds``), so a later script (or
 ``betaprm aca --seed S``) rebuilds a run's exact test split.
@@ -7,22 +8,16 @@ Everything here is deterministic in the seed (``split_seeds``), so a later scrip
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from ..aca import ACAConfig, Scorer, run_aca, summarize
-from ..evaluation.metrics import bootstrap_ci
-from ..selection import candidate_scores, tune
+from ..aca import Scorer
+from ..selection import tune
 from ..selectors import hit
 from ..types import StepScores
-from .policy import SynthPolicy, mc_label, synth_answer, synth_is_correct, synth_tasks
-from .processes import exit_with_parent
+from .policy import SynthPolicy, mc_label
 from .world import World
 
 
@@ -156,187 +151,6 @@ def demo_data(world: World, recipe, seed: int) -> DemoData:
     test_pools = sample_pools(world, pool_policy, test_p, recipe.n_candidates)
     held_records = label_records(world, label_policy, [p.traces[0] for p in test_pools], world.cfg.mc_n, "held")
     return DemoData(train_traces, train_records, val_pools, test_pools, held_records)
-
-
-class CachedScorer:
-    """A scorer that scores each distinct trace once: ACA's variants on one PRM share
-    their first rounds (the same seeded requests give the same candidates) and the
-    no-early-stop variant's rounds hold the early-stopping one's, so the second variant
-    is mostly read back. The scores are those of the wrapped scorer."""
-
-    def __init__(self, scorer):
-        self.scorer = scorer
-        self.cache: dict = {}
-
-    def __call__(self, traces):
-        keys = [(t[0], tuple(t[1])) for t in traces]
-        todo = list(dict.fromkeys(k for k in keys if k not in self.cache))
-        if todo:
-            self.cache.update(zip(todo, self.scorer([(q, list(steps)) for q, steps in todo])))
-        return [self.cache[k] for k in keys]
-
-
-def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> list[list[dict]]:
-    """ACA variants' records on ``problems``, one list per config in ``acfgs``, all on one
-    PRM through one ``CachedScorer``. Each variant draws from its own policy from the
-    run's ACA seed, so its records do not depend on which variants ran before it or where."""
-    from ..scoring import PRMScorer  # torch: this module stays torch-free for the CLI (split_seeds)
-
-    def count(text):
-        return len(tokenizer.encode(text, add_special_tokens=False))
-
-    scorer = CachedScorer(PRMScorer(prm, 64))
-    return [
-        run_aca(
-            synth_tasks(problems),
-            SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count),
-            scorer,
-            acfg,
-            synth_answer,
-            synth_is_correct,
-            progress=False,
-        )
-        for acfg in acfgs
-    ]
-
-
-def _aca_variants_job(world_cfg, problems, prm_dir: str, acfgs, tokenizer_dir: str, seed: int, threads: int):
-    """``_aca_variants`` in a worker process with ``threads`` torch threads, the PRM and the
-    tokenizer loaded from the run's folder."""
-    import torch
-    from transformers import PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
-    from ..model import BetaPRM
-
-    torch.set_num_threads(threads)
-    hf_logging.set_verbosity_error()
-    prm = BetaPRM.from_pretrained(prm_dir, device="cpu").eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    return _aca_variants(World(world_cfg), problems, prm, acfgs, tokenizer, seed)
-
-
-def aca_table(
-    world: World,
-    test_pools: list[Pool],
-    vanilla_hits: np.ndarray,
-    models: dict,
-    tuned: dict,
-    tokenizer,
-    seed: int,
-    run_dir=None,
-    threads: int = 1,
-) -> tuple[dict, dict]:
-    """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
-    pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
-    and its ablations, each with accuracy, CI and generated tokens. Returns the table and
-    the (tokens, accuracy) point of each variant for the plot.
-
-    With ``run_dir`` (the demo's folder: the PRMs in ``run_dir/NAME``, the tokenizer in
-    ``run_dir/backbone``) and ``threads`` >= 2, each PRM's variants run in a worker process
-    of their own with half the threads, as the PRMs train: the policy's Python and the small
-    model's scoring keep one thread each busier than two threads one process. Each variant
-    draws from its own policy, so the records equal a sequential run's at the workers'
-    thread count."""
-    problems = [p.problem for p in test_pools]
-    rb = dict(final="rb", final_lam=tuned["rb"].lam, final_tau=tuned["rb"].tau, seed=seed)
-    # BetaPRM's ACA with S_RB as the final choice (the paper's main table); the standard
-    # PRM's variants rank with S_lin of their own sigma (the paper's ablation).
-    variants = {
-        "aca": ("betaprm", ACAConfig(**rb)),
-        "aca_no_early_stop": ("betaprm", ACAConfig(early_stop=False, **rb)),
-        "aca_reward_only": ("standard_prm", ACAConfig(uncertainty="none", final="lin", seed=seed)),
-        "aca_proxy": ("standard_prm", ACAConfig(uncertainty="proxy", final="lin", seed=seed)),
-    }
-    # Grouped by PRM: each group's variants share one scoring cache (CachedScorer), the
-    # one that spends the whole budget first.
-    groups: dict[str, list[str]] = {}
-    for name in sorted(variants, key=lambda name: name != "aca_no_early_stop"):
-        groups.setdefault(variants[name][0], []).append(name)
-    if run_dir is not None and threads >= 2:
-        with ProcessPoolExecutor(
-            len(groups),
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=exit_with_parent,
-            initargs=(os.getpid(),),
-        ) as ex:
-            futures = {
-                model: ex.submit(
-                    _aca_variants_job,
-                    world.cfg,
-                    problems,
-                    str(Path(run_dir) / model),
-                    [variants[name][1] for name in names],
-                    str(Path(run_dir) / "backbone"),
-                    seed,
-                    max(1, threads // len(groups)),
-                )
-                for model, names in groups.items()
-            }
-            got = {model: future.result() for model, future in futures.items()}
-    else:
-        got = {
-            model: _aca_variants(world, problems, models[model], [variants[n][1] for n in names], tokenizer, seed)
-            for model, names in groups.items()
-        }
-    by_name = {name: recs for model, names in groups.items() for name, recs in zip(names, got[model])}
-    records = {name: by_name[name] for name in variants}  # in table order
-    pool_tokens = [
-        [sum(len(tokenizer.encode(st, add_special_tokens=False)) for st in t.steps) for t in p.traces]
-        for p in test_pools
-    ]
-    table = {
-        "vanilla_bon": {
-            "acc": float(vanilla_hits.mean()),
-            "ci": list(bootstrap_ci(vanilla_hits, seed=seed)),
-            "tokens": int(sum(map(sum, pool_tokens))),
-        }
-    }
-    points = {}
-    for name, recs in records.items():
-        hit = np.array([float(r["correct"]) for r in recs])
-        summ = summarize(recs)
-        tokens = summ["tokens"]
-        table[name] = {
-            "acc": summ["acc"],
-            "ci": list(bootstrap_ci(hit, seed=seed)),
-            "tokens": tokens,
-            "token_reduction": 1 - tokens / table["vanilla_bon"]["tokens"],
-            "mean_pool_size": summ["mean_pool_size"],
-            "stop_reasons": summ["stop_reasons"],
-        }
-        if name == "aca":  # the same pools, final choice by S_lin (the ablation's shared rule)
-            lin = [
-                float(
-                    bool(
-                        r["candidates"][
-                            int(
-                                np.argmax(
-                                    candidate_scores(
-                                        [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]],
-                                        "lin",
-                                        0.5,
-                                    )
-                                )
-                            )
-                        ]["correct"]
-                    )
-                )
-                for r in recs
-            ]
-            table["aca_lin"] = {
-                "acc": float(np.mean(lin)),
-                "ci": list(bootstrap_ci(np.array(lin), seed=seed)),
-                "tokens": tokens,
-                "token_reduction": table[name]["token_reduction"],
-            }
-        points[name.replace("_", " ")] = (tokens, table[name]["acc"])
-    n = len(test_pools[0].traces)
-    table["bon_curve"] = {
-        "n": list(range(1, n + 1)),
-        "tokens": [int(sum(sum(t[:k]) for t in pool_tokens)) for k in range(1, n + 1)],
-    }
-    return table, points
 
 
 # The demo's Best-of-N rows, in table order: (key, scorer, selector in betaprm.selectors, label).

@@ -117,6 +117,11 @@ class DemoConfig:
         "unequal step counts); betaprm train --step-weights",
     )
     aca: bool = _f(True, "also run Adaptive Computation Allocation and its ablations on the test problems")
+    aca_frontier: bool = _f(
+        True,
+        "with --aca: run each ACA variant at every value of its own knob (stopping bounds, score margin, budget) "
+        "for its accuracy-against-tokens frontier, compared at matched tokens (about 4x ACA's time)",
+    )
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     device: str = _f(
         "auto",

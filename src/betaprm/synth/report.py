@@ -10,6 +10,13 @@ from .diagnostics import kappa_star
 from .experiment import BON_ROWS
 
 NAMES = {key: label for key, _, _, label in BON_ROWS}
+ACA_LABELS = {
+    "aca": "ACA (BetaPRM, S_RB)",
+    "aca_lin": "ACA (BetaPRM, final S_lin)",
+    "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)",
+    "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
+    "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))",
+}
 
 
 def format_results(r: dict) -> str:
@@ -114,14 +121,7 @@ def format_results(r: dict) -> str:
         parts.append(counts_table({"standard PRM": h["standard_prm"], "BetaPRM": h["betaprm"]}))
     if "aca" in r:
         a = r["aca"]
-        names = {
-            "vanilla_bon": f"vanilla Best-of-{n} (BetaPRM S_RB)",
-            "aca": "ACA (BetaPRM, S_RB)",
-            "aca_lin": "ACA (BetaPRM, final S_lin)",
-            "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)",
-            "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
-            "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))",
-        }
+        names = {"vanilla_bon": f"vanilla Best-of-{n} (BetaPRM S_RB)", **ACA_LABELS}
         base = a["vanilla_bon"]["tokens"]
         rows = [
             [
@@ -144,13 +144,72 @@ def format_results(r: dict) -> str:
             "problems (tokens: generated, all problems)"
         )
         parts.append(markdown_table(rows, ["method", "accuracy", "95% CI", "tokens", "vs vanilla", "mean pool"]))
+    if r.get("aca_frontier"):
+        parts.append(frontier_table(r))
     return "\n".join(parts)
 
 
-def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None) -> None:
+def frontier_table(r: dict) -> str:
+    """Each ACA variant's frontier (its knob's settings: tokens, accuracy) and the pairs of
+    ``FRONTIER_PAIRS`` compared: which frontier is higher where both reach, and the table
+    point of A against B at the same tokens (paired over problems)."""
+    rows = [
+        [
+            ACA_LABELS[name],
+            f["knob"],
+            "; ".join(f"{p['knob']:g}: {p['tokens'] / 1000:.0f}k {p['acc']:.3f}" for p in f["points"]),
+        ]
+        for name, f in r["aca_frontier"].items()
+    ]
+    rb = r["bon_frontier"]["betaprm_rb"]
+    rows.append(
+        [
+            f"Best-of-n ({NAMES['betaprm_rb']})",
+            "n",
+            "; ".join(f"{p['knob']:g}: {p['tokens'] / 1000:.0f}k {p['acc']:.3f}" for p in rb[3::4]),
+        ]
+    )
+    parts = [
+        "\nFrontiers: accuracy against generated tokens over each method's own knob (knob value: tokens accuracy)",
+        markdown_table(rows, ["method", "knob", "points"]),
+    ]
+    rows = []
+    for key, c in r["frontier_comparisons"].items():
+        m = c["matched_at_table_point"]
+        rows.append(
+            [
+                key.replace("_vs_", " vs "),
+                c["what"],
+                {"a": key.split("_vs_")[0], "b": key.split("_vs_")[1]}.get(c["verdict"], c["verdict"]),
+                "-" if m is None else f"{m['tokens'] / 1000:.0f}k",
+                "-" if m is None else f"{m['diff']:+.3f} [{m['ci'][0]:+.3f}, {m['ci'][1]:+.3f}]",
+            ]
+        )
+    parts.append("")
+    parts.append(
+        markdown_table(rows, ["A vs B", "what differs", "higher frontier", "A's table point", "A - B at its tokens"])
+    )
+    parts.append(
+        "higher frontier: over the tokens both reach (a line between settings is a random mix of the two); "
+        "crossing: each higher somewhere"
+    )
+    return "\n".join(parts)
+
+
+def frontier_plot_curves(r: dict) -> dict:
+    """The frontiers ``aca_frontier.png`` draws, labelled: every ACA variant's sweep and
+    Best-of-n (n = 1..N) by BetaPRM S_RB, the standard PRM and majority vote."""
+    out = {ACA_LABELS[name]: f["points"] for name, f in r.get("aca_frontier", {}).items()}
+    for key in ("betaprm_rb", "standard_prm_mean", "majority_vote"):
+        out[f"Best-of-n, {NAMES[key]}"] = r["bon_frontier"][key]
+    return out
+
+
+def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None, results=None) -> None:
     """The demo's figures: kappa during training, reliability, kappa against kappa*,
-    Best-of-n curves, (with ACA) accuracy against tokens, and (with ``held_out``, the
-    BetaPRM's ``evaluation.calibration`` results) sigma against error on held-out counts."""
+    Best-of-n curves, (with ACA) accuracy against tokens, (with ``results``) the frontiers
+    of accuracy against tokens, and (with ``held_out``, the BetaPRM's
+    ``evaluation.calibration`` results) sigma against error on held-out counts."""
     plots.kappa_dynamics(histories["betaprm"], out / "kappa_dynamics.png", "BetaPRM kappa during training")
     std, beta = arrays["standard_prm"], arrays["betaprm"]
     plots.reliability_diagram(
@@ -176,6 +235,8 @@ def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None)
             points=points,
             xlabel="generated tokens (all test problems)",
         )
+    if results is not None and "bon_frontier" in results:
+        plots.frontier_curves(frontier_plot_curves(results), out / "aca_frontier.png")
 
 
 def value_prior_table(vp: dict) -> str:
