@@ -232,6 +232,25 @@ def main(argv=None):
         + "); paired differences, mean [95% bootstrap interval over runs and problems]"
     )
     print(markdown_table(rows, ["claim", "pooled", *groups]))
+    # What kappa learned, per group (mean over its seeds): the mechanism a gain would come from.
+    diag = {
+        "Spearman(kappa, kappa*)": lambda r: r["calibration"]["betaprm"]["spearman_kappa_bayes"],
+        "BetaPRM mu MAE vs Bayes mean": lambda r: r["calibration"]["betaprm"]["mu_mae_bayes"],
+        "AUROC standard / BetaPRM": lambda r: (
+            r["verification"]["standard_prm_auroc"],
+            r["verification"]["betaprm_auroc"],
+        ),
+    }
+    rows = []
+    for label, get in diag.items():
+        cells = []
+        for g in groups:
+            vals = np.array([get(r["results"]) for r in runs if r["group"] == g], dtype=float)
+            m = vals.mean(0)
+            cells.append(" / ".join(f"{x:.3f}" for x in np.atleast_1d(m)))
+        rows.append([label, *cells])
+    print("\nwhat the PRMs learned (mean over seeds)")
+    print(markdown_table(rows, ["", *groups]))
     cost = sum(r["results"]["seconds"] for r in runs)
     fresh = sum(not r["cached"] for r in runs)
     print(f"cost: {cost / 60:.1f} min of demo runs ({fresh} run now, {len(runs) - fresh} read back)")
