@@ -20,8 +20,9 @@ within each, problems), and per world:
   top-1 mean mu (the same PRM, kappa unused);
 - votes: the reliability-weighted vote against the standard PRM's mu-weighted vote, and
   against BetaPRM's own mu-weighted vote;
-- ACA: kappa-ACA at its table setting against reward-only ACA (sigma = 0), proxy-sigma ACA and
-  Best-of-n with S_RB, each at kappa-ACA's tokens on its own frontier (``evaluation.frontier``:
+- ACA: kappa-ACA at its table setting against reward-only ACA (sigma = 0), proxy-sigma ACA,
+  Best-of-n with S_RB and Best-of-n decided by the reliability-weighted vote, each at
+  kappa-ACA's tokens on its own frontier (``evaluation.frontier``:
   the mix of its two settings around those tokens; no setting chosen on test problems);
 - calibration: the held-out NLL of the counts, BetaPRM's Beta-Binomial minus the standard
   PRM's binomial at mu (nats per step; below 0: BetaPRM predicts K better).
@@ -98,6 +99,10 @@ CLAIMS = {
     "kappa-ACA vs Best-of-n": (
         "kappa-ACA minus Best-of-n with the same BetaPRM and S_RB at kappa-ACA's tokens",
         lambda pp: _matched_d(pp, "betaprm_rb"),
+    ),
+    "kappa-ACA vs Best-of-n reliability vote": (
+        "kappa-ACA minus Best-of-n decided by the reliability-weighted vote at kappa-ACA's tokens",
+        lambda pp: _matched_d(pp, "betaprm_reliability_vote"),
     ),
     "held-out NLL, BetaPRM vs binomial": (
         "nats per held-out step: BetaPRM's Beta-Binomial minus the standard PRM's binomial at mu",

@@ -198,9 +198,10 @@ def frontier_table(r: dict) -> str:
 
 def frontier_plot_curves(r: dict) -> dict:
     """The frontiers ``aca_frontier.png`` draws, labelled: every ACA variant's sweep and
-    Best-of-n (n = 1..N) by BetaPRM S_RB, the standard PRM and majority vote."""
+    Best-of-n (n = 1..N) by BetaPRM S_RB, the standard PRM's top-1, the two PRMs' votes and
+    majority vote."""
     out = {ACA_LABELS[name]: f["points"] for name, f in r.get("aca_frontier", {}).items()}
-    for key in ("betaprm_rb", "standard_prm_mean", "majority_vote"):
+    for key in ("betaprm_rb", "standard_prm_mean", "standard_prm_vote", "betaprm_reliability_vote", "majority_vote"):
         out[f"Best-of-n, {NAMES[key]}"] = r["bon_frontier"][key]
     return out
 
