@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from betaprm.train import TrainConfig, dataset, end_process_group, train
+from betaprm.train import dataset, end_process_group, train
+from tests.helpers import train_config  # the repository root is on PYTHONPATH (test_distributed)
 
 
 def main():
@@ -25,23 +26,16 @@ def main():
 
     dataset.CountsCollator.__call__ = spy
     kw = dict(
-        model=lm,
-        data=data,
-        output_dir=out,
         global_batch_size=8,
         per_device_train_batch_size=2,
-        learning_rate=1e-3,
         max_steps=4,
-        logging_steps=2,
         save_steps=100,
-        use_cpu=True,
         ddp_backend="gloo",
-        seed=1,
         max_batch_tokens=tokens,
     )
     if eval_data:  # a high learning rate, so the best checkpoint is not always the last
         kw.update(eval_data=eval_data, eval_steps=2, save_steps=2, load_best_model_at_end=True, learning_rate=1e-1)
-    cfg = TrainConfig(**kw)
+    cfg = train_config(lm, data, out, **kw)
     prm, trainer, _ = train(cfg)
     h = hashlib.sha256()
     for k, v in sorted(prm.state_dict().items()):

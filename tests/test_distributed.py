@@ -23,7 +23,8 @@ def _torchrun(tmp_path, *args) -> tuple[dict, dict]:
     lm = make_lm_dir(tmp_path / "lm")
     data = make_counts(tmp_path / "counts.jsonl", n=48)
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    root = str(Path(__file__).parents[1])  # so that the worker imports tests.helpers
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": root}
     cmd = [
         sys.executable,
         "-m",

@@ -121,7 +121,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         },
     }
     # Best-of-n for every n: accuracy against the pools' tokens (the frontier of its knob, n).
-    bon_sweeps = bon_frontiers(test_pools, selectable, tuned, pool_token_counts(test_pools, tokenizer))
+    pool_tokens = pool_token_counts(test_pools, tokenizer)
+    bon_sweeps = bon_frontiers(test_pools, selectable, tuned, pool_tokens)
     curves = {key: [p.acc for p in pts] for key, pts in bon_sweeps.items()}
     verification, clean_bias = diagnostics.verification(test_scores, test_pools, [p.correct for p in test_pools])
     shortcut = diagnostics.value_prior(test_pools, test_scores, val_pools)
@@ -176,6 +177,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
             run_dir=out if parallel else None,
             threads=torch.get_num_threads(),
             frontier=eff.aca_frontier,
+            pool_tokens=pool_tokens,
         )
         aca, aca_sweeps = aca[:2], aca[2]
         results["aca"] = aca[0]

@@ -125,13 +125,15 @@ def aca_table(
     run_dir=None,
     threads: int = 1,
     frontier: bool = False,
+    pool_tokens: list[list[int]] | None = None,
 ) -> tuple[dict, dict, dict]:
     """The paper's tables 4-5 on the test problems: vanilla Best-of-N (the scored test
     pools picked by BetaPRM's S_RB, whose per-problem hits are ``vanilla_hits``) against ACA
     and its ablations, each with accuracy, CI and generated tokens. Returns the table, the
     (tokens, accuracy) point of each variant for the plot, and the runs of each variant as
     ``evaluation.frontier.Point``s (``{variant: [Point per knob value]}``; with
-    ``frontier`` every value of ``ACA_KNOBS``, else its table value only).
+    ``frontier`` every value of ``ACA_KNOBS``, else its table value only). ``pool_tokens``:
+    the test pools' ``pool_token_counts``, when the caller has them already.
 
     With ``run_dir`` (the demo's folder: the PRMs in ``run_dir/NAME``, the tokenizer in
     ``run_dir/backbone``) and ``threads`` >= 2, each PRM's variants run in a worker process
@@ -185,7 +187,8 @@ def aca_table(
             for model, keys in groups.items()
         }
     by_key = {key: recs for model, keys in groups.items() for key, recs in zip(keys, got[model])}
-    pool_tokens = pool_token_counts(test_pools, tokenizer)
+    if pool_tokens is None:
+        pool_tokens = pool_token_counts(test_pools, tokenizer)
     table = {
         "vanilla_bon": {
             "acc": float(vanilla_hits.mean()),
