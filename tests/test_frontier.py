@@ -159,3 +159,26 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
     # Another recipe in the same folder is refused by name, never mixed in.
     with pytest.raises(SystemExit, match="prm_steps: 10 -> 11"):
         claims.main([*args, "--demo-flags", " ".join(TINY[:-1] + ["11"])])
+
+    # benchmarks/kappa_mechanism.py splits the same claims by whether the level is written.
+    spec = importlib.util.spec_from_file_location(
+        "kappa_mechanism", Path(__file__).parents[1] / "benchmarks" / "kappa_mechanism.py"
+    )
+    mech = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mech)
+    mech.main([str(out), "--fit-records", "50", "--json", str(tmp_path / "m.json")])
+    m = json.loads((tmp_path / "m.json").read_text())[str(out)]
+    problems = mech.test_problems(r)
+    hidden = np.array([not p.visible for p in problems])
+    assert m["share_hidden"] == pytest.approx(hidden.mean())
+    for claim in ("S_RB vs standard PRM top-1", "reliability vote vs standard weighted vote"):
+        by = m["claims"][claim]
+        assert by["all"]["diff"] == pytest.approx(c[claim]["pooled"]["diff"])
+        parts = [(by[g]["diff"], mask.sum()) for g, mask in (("hidden", hidden), ("written", ~hidden)) if mask.any()]
+        assert sum(d * w for d, w in parts) / len(hidden) == pytest.approx(by["all"]["diff"])
+    steps = m["steps"]
+    assert steps["all"]["n_steps"] == r["held_out_counts"]["betaprm"]["n_steps"]
+    assert steps["all"]["nll_minus"]["binomial (standard PRM)"]["diff"] == pytest.approx(want, abs=1e-5)
+    # The best constant kappa on the held-out steps is at least as good as the training fit.
+    nll = steps["all"]["nll_minus"]
+    assert nll["best constant kappa (held-out)"]["diff"] >= nll["constant kappa (training fit)"]["diff"] - 1e-9
