@@ -136,8 +136,12 @@ def analyse(run: Path, fit_records: int) -> dict:
         "all": np.ones_like(step_group),
         "hidden": step_group,
         "written": ~step_group,
-        "written easy": ~step_group & (step_level == 0),
-        "written hard": ~step_group & (step_level == 1),
+        # by the true level, which the PRM sees only where it is written
+        **{
+            f"{g} {lv}": seen & (step_level == z)
+            for g, seen in (("hidden", step_group), ("written", ~step_group))
+            for z, lv in enumerate(("easy", "hard"))
+        },
     }
     out["steps"] = {}
     for g, mask in step_groups.items():
