@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,32 +38,25 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from betaprm.evaluation.calibration import flat_counts, step_nll
-from betaprm.evaluation.frontier import matched, pooled_paired
+from betaprm.evaluation.frontier import pooled_paired
 from betaprm.evaluation.tables import markdown_table
 from betaprm.model import load_prm
 from betaprm.scoring import score_traces
 from betaprm.synth.experiment import split_seeds
-from betaprm.synth.frontiers import ACA_KNOBS, read_per_problem
+from betaprm.synth.frontiers import read_per_problem
 from betaprm.synth.world import World, WorldConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the claims: one definition, in reliability_claims.py
+from reliability_claims import CLAIMS, _last  # noqa: E402
+
 GROUPS = ("hidden", "written")
-
-
-def _last(points):
-    return max(points, key=lambda p: p.tokens)
+SPLIT = ("reliability vote vs standard weighted vote", "S_RB vs standard PRM top-1", "kappa-ACA vs reward-only ACA")
 
 
 def per_problem_claims(pp) -> dict[str, np.ndarray | None]:
-    """Per test problem, the paired differences (None: outside the other frontier's range)."""
-    bon = pp["bon"]
-    aca = next(p for p in pp["aca"]["aca"] if p.knob == ACA_KNOBS["aca"][2])
-    m = matched(aca, pp["aca"]["aca_reward_only"])
-    return {
-        "reliability vote vs standard weighted vote": _last(bon["betaprm_reliability_vote"]).hits
-        - _last(bon["standard_prm_vote"]).hits,
-        "S_RB vs standard PRM top-1": _last(bon["betaprm_rb"]).hits - _last(bon["standard_prm_mean"]).hits,
-        "kappa-ACA vs reward-only ACA": None if m is None else m["d"],
-    }
+    """Per test problem, the paired differences of ``SPLIT`` (None: outside the other
+    frontier's range), as ``reliability_claims.py`` defines them."""
+    return {claim: CLAIMS[claim][1](pp) for claim in SPLIT}
 
 
 def test_problems(results: dict):
