@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -179,21 +180,38 @@ def test_eval_outputs_are_checked_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "afile.txt").is_dir() and afile.read_text() == "x"
 
 
-def test_an_unwritable_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path, capsys):
     """Fails before this change: a --out in a read-only folder failed (PermissionError
-    traceback) after the evaluation."""
+    traceback) after the evaluation. The check tries to make a file there; permission bits
+    alone would pass root (who writes anywhere), so as root the folder is /proc, which
+    refuses new files whatever they say."""
     pools = write_bon(tmp_path / "bench.jsonl")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    if os.geteuid() == 0:  # root writes anywhere: the folder is made read-only to the check
-        access = os.access
-        monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and str(p) != str(ro))
+    ro = Path("/proc") if os.geteuid() == 0 else tmp_path / "ro"
+    if ro != Path("/proc"):
+        ro.mkdir()
+        ro.chmod(0o500)
     try:
         assert main(["eval-bon", "--pools", str(pools), "--out", str(ro / "r.json")]) == 2
-        refused(capsys, f"--out {ro / 'r.json'}: cannot be written (no write permission")
+        refused(capsys, f"--out {ro / 'r.json'}: cannot be written (no file can be made in {ro}")
+        # a missing folder under it: the nearest existing folder is tried
+        assert main(["eval-bon", "--pools", str(pools), "--out", str(ro / "new" / "r.json")]) == 2
+        refused(capsys, f"--out {ro / 'new' / 'r.json'}: cannot be written (no file can be made in {ro}")
+        assert main(["eval-bon", "--pools", str(pools), "--plots", str(ro / "plots")]) == 2
+        refused(capsys, f"--plots {ro / 'plots'}: cannot be written")
     finally:
-        ro.chmod(0o700)
+        if ro != Path("/proc"):
+            ro.chmod(0o700)
+
+
+def test_the_write_check_leaves_no_file_behind(tmp_path):
+    """Trying a folder makes and removes a file: nothing is left, and an existing output
+    file keeps its content (it is opened for appending, nothing written)."""
+    from betaprm.provenance import check_paths
+
+    out = tmp_path / "out.json"
+    out.write_text("keep")
+    check_paths([], [("--out", out)], [("--plots", tmp_path / "plots")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"] and out.read_text() == "keep"
 
 
 # ---------------------------------------------------------------- 7: a failed run cleans up after itself

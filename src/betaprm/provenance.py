@@ -355,20 +355,41 @@ def same_path(a, b) -> bool:
     return _resolved(a) == _resolved(b)
 
 
+def _probe(folder: Path) -> str | None:
+    """Why no file can be made in the existing ``folder``, or None: a file is created and
+    removed there. Permission bits (``os.access``) say yes to root on a read-only mount or
+    in ``/proc``, where only an attempt tells."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".betaprm-probe-", dir=folder)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+    return None
+
+
 def _write_problem(flag: str, path, folder: bool) -> str | None:
-    """Why ``path`` (a file, or a ``folder`` to write files into) cannot be written, or None."""
+    """Why ``path`` (a file, or a ``folder`` to write files into) cannot be written, or None.
+    Decided by trying: an existing file is opened for appending (nothing is written), an
+    existing folder gets a file made and removed in it."""
     p = Path(str(path))
     if folder and p.exists() and not p.is_dir():
         return f"{flag} {path}: is a file; give a folder to write into (it is created when missing)"
     if not folder and p.is_dir():
         return f"{flag} {path}: is a folder; give the path of the output file inside it"
-    if p.exists():
-        ok = os.access(p, os.W_OK | (os.X_OK if folder else 0))
-        return (
-            None if ok else f"{flag} {path}: cannot be written (no write permission); fix: give a path you can write"
-        )
-    # The nearest existing folder above decides whether the missing ones can be created.
-    up = _resolved(p).parent
+    if p.is_file() and not folder:
+        try:
+            with open(p, "ab"):
+                pass
+        except OSError as e:
+            return f"{flag} {path}: cannot be written ({e.strerror}); fix: give a path you can write"
+        # The file itself is writable, but a run also makes files beside it (sidecar, lock, rejects).
+    # The nearest existing folder (the folder itself, or the one above the output) decides
+    # whether files and missing folders can be made.
+    up = _resolved(p) if folder and p.is_dir() else _resolved(p).parent
     while not up.exists() and up != up.parent:
         up = up.parent
     if not up.is_dir():
@@ -376,8 +397,11 @@ def _write_problem(flag: str, path, folder: bool) -> str | None:
             f"{flag} {path}: cannot be written ({up} is a file, so no folder can be made in it); fix: give another "
             "path"
         )
-    if not os.access(up, os.W_OK | os.X_OK):
-        return f"{flag} {path}: cannot be written (no write permission in {up}); fix: give a path you can write"
+    reason = _probe(up)
+    if reason:
+        return (
+            f"{flag} {path}: cannot be written (no file can be made in {up}: {reason}); fix: give a path you can write"
+        )
     return None
 
 

@@ -17,8 +17,8 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..errors import BetaPRMInputError
 from ..model import CONFIG_NAME
-from ..provenance import differences, fingerprint, model_fingerprint, settings_of
-from .config import TrainConfig, uses_batch_rebalance
+from ..provenance import check_paths, differences, fingerprint, model_fingerprint, same_path, settings_of
+from .config import BEST_METRICS, TrainConfig, uses_batch_rebalance
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +112,21 @@ RENAMED = {"max_tokens_per_batch": "max_batch_tokens", "truncation": "truncate"}
 RENAMED_VALUES = {("truncate", "keep-steps"): "steps"}
 
 
-def run_record(cfg: TrainConfig) -> dict:
+EVAL_KEYS = ("eval_data", "metric_for_best_model", "greater_is_better")
+"""The evaluation settings a resume must match (recorded only when the run evaluates): the
+checkpoint's best metric was measured on that data, by that metric, in that direction."""
+
+
+def run_record(cfg: TrainConfig, plan=None) -> dict:
     """The run's settings (data and starting model by fingerprint, the hyperparameters
-    that change the result) and, for messages only, where the data and model came from."""
+    that change the result, and with held-out evaluation (``plan``, an ``EvalPlan``) its data
+    by fingerprint, metric and direction) and, for messages only, where the data and model
+    came from."""
     settings = {"data": fingerprint(cfg.data), "model": model_fingerprint(cfg.model), **settings_of(cfg, NOT_RESULTS)}
+    if plan is not None:
+        settings["eval_data"] = fingerprint(cfg.eval_data) if cfg.eval_data else None  # --eval-fraction: recorded
+        settings["metric_for_best_model"] = f"eval_{plan.metric}"
+        settings["greater_is_better"] = BEST_METRICS[plan.metric]
     # Recorded only when not the default: older checkpoints, without them, still resume.
     for name, default in (
         ("max_batch_tokens", 0),
@@ -132,6 +143,74 @@ def run_record(cfg: TrainConfig) -> dict:
     if not uses_batch_rebalance(cfg):
         del settings["batch_rebalance"]
     return {"settings": json.loads(json.dumps(settings)), "info": {"data": cfg.data, "model": cfg.model}}
+
+
+SUMMARY_NAME = "train_summary.json"
+
+
+def rejects_of(cfg: TrainConfig) -> str:
+    """Where the run writes the records it rejects: ``--rejects``, else ``OUTPUT_DIR/rejects.jsonl``."""
+    return cfg.rejects or str(Path(cfg.output_dir) / "rejects.jsonl")
+
+
+def _inside(path, folder) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (resolved: links and ``..`` followed)."""
+    p, f = Path(str(path)).resolve(), Path(str(folder)).resolve()
+    return p == f or p.is_relative_to(f)
+
+
+def check_train_paths(cfg: TrainConfig) -> None:
+    """Everything a training run writes or deletes, checked against everything it reads,
+    before any of it happens.
+
+    Writes: the final model and ``train_summary.json`` in ``--output-dir``, its
+    ``checkpoint-*`` folders, the rejects file, the plots. Deletes: the Trainer's rotation
+    removes this run's older ``checkpoint-*``; ``--overwrite-output-dir`` removes an earlier
+    run's checkpoints, BetaPRM config and summary. Reads: ``--model`` (a folder),
+    ``--data``, ``--eval-data``. Nothing read may be deleted or written over: a model
+    continued in its own folder with ``--overwrite-output-dir`` would lose its BetaPRM config
+    before it is read, and a data file that is the default rejects file would become its
+    own rejected lines."""
+    out = Path(cfg.output_dir)
+    inputs = [("--data", cfg.data), ("--eval-data", cfg.eval_data)]
+    model = Path(str(cfg.model)).expanduser()
+    local_model = model.exists()
+    if local_model:
+        inputs.append(("--model", str(model)))
+    rejects_flag = "--rejects" if cfg.rejects else "--rejects (default: OUTPUT_DIR/rejects.jsonl)"
+    # Deleted by this run: with --overwrite-output-dir the earlier run's files, and always the
+    # checkpoints the rotation drops.
+    deleted = [out / "checkpoint-*"]
+    if cfg.overwrite_output_dir:
+        deleted += [out / CONFIG_NAME, out / SUMMARY_NAME]
+    for flag, path in inputs:
+        if not path:
+            continue
+        try:
+            under_ckpt = Path(str(path)).resolve().relative_to(out.resolve()).parts[0].startswith("checkpoint-")
+        except (ValueError, IndexError):  # not under --output-dir, or --output-dir itself
+            under_ckpt = False
+        if under_ckpt:
+            raise BetaPRMInputError(
+                f"{flag} {path}: lies in a checkpoint folder of --output-dir {out}, which this run's checkpoint "
+                f"rotation (or --overwrite-output-dir) deletes; fix: copy it elsewhere first, or give another "
+                "--output-dir"
+            )
+        if cfg.overwrite_output_dir and any(same_path(path, d) or _inside(d, path) for d in deleted[1:]):
+            raise BetaPRMInputError(
+                f"{flag} {path}: --overwrite-output-dir would delete the earlier run's files in --output-dir {out} "
+                f"({CONFIG_NAME}, {SUMMARY_NAME}, checkpoints) and write over the model there, which this run reads "
+                f"as {flag}; nothing was changed; fix: write the continued model to another --output-dir"
+            )
+    check_paths(
+        inputs=inputs,
+        outputs=[
+            (rejects_flag, rejects_of(cfg)),
+            (f"--output-dir ({SUMMARY_NAME})", out / SUMMARY_NAME),
+            *([("--plots (kappa_dynamics.png)", Path(cfg.plots) / "kappa_dynamics.png")] if cfg.plots else []),
+        ],
+        folders=[("--output-dir", str(out)), ("--plots", cfg.plots)],
+    )
 
 
 def refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
@@ -159,7 +238,7 @@ def refuse_used_output_dir(cfg: TrainConfig, rank: int) -> None:
             shutil.rmtree(old)
         # Without its BetaPRM config the earlier final model no longer loads, so a run of
         # this one that stops early cannot leave the directory looking like a finished model.
-        for name in (CONFIG_NAME, "train_summary.json"):
+        for name in (CONFIG_NAME, SUMMARY_NAME):
             (out / name).unlink(missing_ok=True)
 
 
@@ -185,7 +264,14 @@ def check_resume(resume: str, record: dict, say=logger.warning) -> None:
             raise TypeError("settings and info must be objects")
         settings = {RENAMED.get(k, k): v for k, v in old["settings"].items()}
         settings = {k: RENAMED_VALUES.get((k, v), v) if isinstance(v, str) else v for k, v in settings.items()}
-        diff = differences(settings, record["settings"], old.get("info"), record["info"])
+        new = record["settings"]
+        if not (any(k in settings for k in EVAL_KEYS) and any(k in new for k in EVAL_KEYS)):
+            # Compared when both runs evaluate: a checkpoint from before runs recorded their
+            # evaluation, or a run that did not evaluate (its best metric unset), or a resume
+            # that stops evaluating (no best metric is compared), has nothing to mismatch.
+            settings = {k: v for k, v in settings.items() if k not in EVAL_KEYS}
+            new = {k: v for k, v in new.items() if k not in EVAL_KEYS}
+        diff = differences(settings, new, old.get("info"), record["info"])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise BetaPRMInputError(
             f"{path}: not a betaprm run record; remove it to resume without checking the settings"

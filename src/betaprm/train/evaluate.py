@@ -307,6 +307,22 @@ def eval_summary(trainer, source: str) -> dict:
 _SPEED_KEYS = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
 
 
+def undefined_metric_warning(summary: dict, load_best: bool) -> str | None:
+    """The warning for a best-model metric that was undefined (nan) at every evaluation,
+    else None: no checkpoint can be better than another by it, so the Trainer keeps none
+    as the best and ``--load-best-model-at-end`` ends on the last step."""
+    metric = summary["metric_for_best_model"]
+    values = [e.get(metric) for e in summary["history"]]
+    if not values or any(v is not None and v == v for v in values):
+        return None
+    return (
+        f"{metric} was undefined (nan) at all {len(values)} evaluations on {summary['data']}: "
+        + ("--load-best-model-at-end kept the last step, not a best checkpoint. " if load_best else "")
+        + "F1 needs both erroneous and correct items, the count metrics need scored steps; fix: give held-out data "
+        "with both classes, or another --metric-for-best-model"
+    )
+
+
 def card_results(metrics: dict, source: str) -> dict:
     """The model card's results table: the final model's held-out metrics."""
     out = {"held-out data": f"{source} (step {metrics['step']})"}

@@ -28,11 +28,19 @@ from ..hub import resolve_model
 from ..model import BetaPRM, model_kind
 from ..provenance import version
 from ..vision import freeze_vision
-from .checkpoints import RunRecorder, check_resume, last_checkpoint, refuse_used_output_dir, run_record
+from .checkpoints import (
+    RunRecorder,
+    check_resume,
+    check_train_paths,
+    last_checkpoint,
+    refuse_used_output_dir,
+    rejects_of,
+    run_record,
+)
 from .checks import batch_warnings
 from .config import TrainConfig, resolve_global_batch, uses_batch_rebalance
 from .dataset import CountsCollator, TokenBudgetBatchSampler, encode_records
-from .evaluate import card_results, eval_summary, plan_evaluation
+from .evaluate import card_results, eval_summary, plan_evaluation, undefined_metric_warning
 from .finish import card_of, push_to_hub
 from .trainer import PRMTrainer
 
@@ -193,10 +201,11 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     cfg = resolve_global_batch(cfg, world)  # --gradient-accumulation-steps given: the global batch it makes
     grad_accum = _grad_accum(cfg, world) if not cfg.max_batch_tokens else None  # token budget: set below
     set_seed(cfg.seed)
+    check_train_paths(cfg)  # nothing it reads is written over or deleted; everything it writes can be
     refuse_used_output_dir(cfg, rank)  # before this run writes anything there
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rejects = cfg.rejects or str(out_dir / "rejects.jsonl")
+    rejects = rejects_of(cfg)
     loaded = read_records(
         cfg.data,
         kind="counts",
@@ -212,7 +221,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     hard = hard_label_warning(records, cfg.objective, cfg.data)
     if hard and rank == 0:
         logger.warning(hard)
-    record = run_record(cfg)
+    record = run_record(cfg, plan)
     resume = last_checkpoint(cfg.output_dir) if cfg.resume_from_checkpoint == "last" else cfg.resume_from_checkpoint
     if resume:
         check_resume(resume, record, say)  # before the model loads: a wrong resume stops at once
@@ -339,6 +348,10 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     if hasattr(prm.backbone, "merge_and_unload"):
         prm.backbone = prm.backbone.merge_and_unload()
     evaluation = eval_summary(trainer, plan.source) if plan else None
+    undefined = undefined_metric_warning(evaluation, cfg.load_best_model_at_end) if evaluation else None
+    if undefined and rank == 0:
+        logger.warning(undefined)
+        evaluation["warning"] = undefined
     if evaluation and evaluation["final_model"]:
         card["results"] = card_results(evaluation["final_model"], plan.source)
     if trainer.args.should_save:
