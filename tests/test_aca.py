@@ -381,3 +381,58 @@ def test_best_of_n_curve_picks_through_the_selector_registry():
     ]  # a failed check is never counted right
     xs, ys = best_of_n_curve(recs, "mean")
     assert xs == [5, 14] and ys == [0.5, 1.0]
+
+
+def test_cli_aca_frontier_refuses_damaged_runs_by_line_and_counts_only_judged_problems(tmp_path, capsys):
+    """Fails before this change: a settings file without the knob, a string knob, a record
+    without ``tokens`` or with string ``tokens`` were tracebacks; a repeated record counted
+    its tokens twice; problems without a reference answer were misses in the frontier but
+    left out of the summary's accuracy."""
+    from betaprm.cli import aca as aca_cli
+    from betaprm.cli import main
+    from betaprm.model import BetaPRM
+    from betaprm.provenance import meta_path
+    from tests.helpers import make_lm_dir
+
+    BetaPRM.from_backbone(str(make_lm_dir(tmp_path / "lm"))).save_pretrained(tmp_path / "prm")
+    common = ["aca", "--model", str(tmp_path / "prm"), "--n-problems", "6", "--final", "lin"]
+    good = tmp_path / "good.jsonl"
+    assert main([*common, "--c-stop", "1", "--out", str(good)]) == 0
+    lines = good.read_text().splitlines()
+    meta = json.loads(meta_path(good).read_text())
+
+    def damaged(name, settings=None, records=None):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(records or lines) + "\n")
+        meta_path(path).write_text(json.dumps({**meta, "settings": {**meta["settings"], **(settings or {})}}))
+        return path
+
+    first = json.loads(lines[0])
+    cases = {
+        "no-knob": (damaged("no-knob", settings={"c_stop": None}), "the settings' 'c_stop'"),
+        "str-knob": (damaged("str-knob", settings={"c_stop": "high"}), "the settings' 'c_stop'"),
+        "no-tokens": (
+            damaged("no-tokens", records=[json.dumps({k: v for k, v in first.items() if k != "tokens"}), *lines[1:]]),
+            "no-tokens.jsonl:1: field 'tokens'",
+        ),
+        "str-tokens": (
+            damaged("str-tokens", records=[json.dumps({**first, "tokens": "12"}), *lines[1:]]),
+            "str-tokens.jsonl:1: field 'tokens'",
+        ),
+        "twice": (damaged("twice", records=[*lines, lines[0]]), "twice.jsonl:7: problem"),
+    }
+    for name, (path, message) in cases.items():
+        out = tmp_path / f"x-{name}.jsonl"
+        code = main([*common, "--out", str(out), "--plots", str(tmp_path / "p"), "--frontier", str(path)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, (name, err)
+        assert not out.exists()  # refused before any work
+    # Problems without a reference answer: left out of the frontier's accuracy and tokens,
+    # as the summary leaves them out of its accuracy.
+    recs = [(f"f:{i}", json.loads(line)) for i, line in enumerate(lines, 1)]
+    recs[0][1]["answer"] = None
+    ids = aca_cli._judged_ids([r for _, r in recs])
+    point = aca_cli._run_point("aca", {"c_stop": 1.0}, recs, ids, "this run")
+    judged = [r for _, r in recs[1:]]
+    assert len(point.hits) == 5 and point.hits.mean() == pytest.approx(np.mean([bool(r["correct"]) for r in judged]))
+    assert point.tokens == sum(r["tokens"] for r in judged)

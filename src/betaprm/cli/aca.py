@@ -20,6 +20,7 @@ from ..aca import (
 from ..data.records import read_objects
 from ..errors import BetaPRMInputError
 from ..evaluation import frontier, plots
+from ..numeric import number, shown
 from ..options import opt as _f
 from ..provenance import meta_path
 from ..synth.experiment import tune_rb_on_world
@@ -138,7 +139,8 @@ def _run(cfg):
         cfg.final = "lin"
     aca_cfg = cfg.aca_config(final_lam if final_lam is not None else 0.5, final_tau)
     # --frontier's runs are read and checked against these problems before any work.
-    others = _frontier_runs(cfg, [t.id for t in r.tasks]) if cfg.plots and cfg.frontier else []
+    judged = [t.id for t in r.tasks if t.answer is not None]  # the problems an accuracy counts
+    others = _frontier_runs(cfg, judged) if cfg.plots and cfg.frontier else []
     records = run_aca(
         r.tasks,
         r.generator,
@@ -182,22 +184,47 @@ def _plot(cfg, records, s, final_lam, final_tau, others=()):
         _plot_frontiers(cfg, records, others, base if cfg.baseline else None, final_lam, final_tau)
 
 
-def _run_point(variant: str, settings: dict, records, ids: list[str], where: str) -> frontier.Point:
-    """One run's records as a frontier point at its variant's knob, its hits in ``ids``' order."""
-    by_id = {r["id"]: r for r in records}
-    if sorted(by_id) != sorted(ids):
+def _judged_ids(records) -> list:
+    """The ids of the problems with a reference answer, in ``records``' order: those an
+    accuracy counts (``aca.summarize``'s), so a frontier and the summary agree."""
+    return [r["id"] for r in records if r.get("answer") is not None]
+
+
+def _run_point(variant: str, settings: dict, records: list[tuple[str, dict]], ids: list, where: str) -> frontier.Point:
+    """One run's records (``(path:line, record)``) as a frontier point at its variant's knob,
+    over the problems ``ids`` (those with a reference answer, as ``summarize`` counts them):
+    its hits in their order and the tokens it spent on them. Every record must be one
+    problem once, with its tokens; the runs must be on the same problems."""
+    knob = KNOBS[variant]
+    x = number(settings.get(knob), f"{where}: the settings' {knob!r} ({variant}'s knob)", low=0)
+    by_id = {}
+    for line, r in records:
+        if r["id"] in by_id:
+            raise BetaPRMInputError(
+                f"{line}: problem {shown(r['id'])} appears twice; a frontier point counts each problem once (its "
+                "tokens would be counted twice); fix: remove the repeated line"
+            )
+        number(r.get("tokens"), f"{line}: field 'tokens'", integer=True, low=0)
+        if not (r.get("correct") is None or isinstance(r["correct"], bool)):
+            raise BetaPRMInputError(
+                f"{line}: field 'correct' must be true, false or null, got {shown(r['correct'])}; give records "
+                "written by betaprm aca"
+            )
+        by_id[r["id"]] = r
+    missing = [i for i in ids if i not in by_id]
+    if missing:
         raise BetaPRMInputError(
-            f"{where}: its records are not on this run's problems ({len(set(by_id) - set(ids))} other ids, "
-            f"{len(set(ids) - set(by_id))} missing); a frontier compares runs on the same problems"
+            f"{where}: its records are not on this run's problems ({len(missing)} of them missing, e.g. "
+            f"{shown(missing[0])}); a frontier compares runs on the same problems"
         )
     return frontier.Point(
-        float(settings[KNOBS[variant]]),
-        float(sum(r["tokens"] for r in records)),
+        float(x),
+        float(sum(by_id[i]["tokens"] for i in ids)),
         np.array([float(bool(by_id[i]["correct"])) for i in ids]),
     )
 
 
-def _frontier_runs(cfg, ids: list[str]) -> list[tuple[str, frontier.Point]]:
+def _frontier_runs(cfg, ids: list) -> list[tuple[str, frontier.Point]]:
     """--frontier's runs as (variant, point at its knob), each checked to be on ``ids``."""
     runs = []
     for path in [p.strip() for p in cfg.frontier.split(",") if p.strip()]:
@@ -211,7 +238,7 @@ def _frontier_runs(cfg, ids: list[str]) -> list[tuple[str, frontier.Point]]:
                 f"--frontier {path}: {meta} is missing or not a betaprm aca settings file; give the records of "
                 "betaprm aca runs, each with the OUT.meta.json it wrote"
             ) from None
-        recs = [r for _, r in read_objects(path, ("id",), "an ACA record", "--frontier")]
+        recs = list(read_objects(path, ("id",), "an ACA record", "--frontier"))
         runs.append((variant, _run_point(variant, settings, recs, ids, f"--frontier {path}")))
     return runs
 
@@ -219,15 +246,17 @@ def _frontier_runs(cfg, ids: list[str]) -> list[tuple[str, frontier.Point]]:
 def _plot_frontiers(cfg, records, others, baseline, final_lam, final_tau):
     """--frontier: every variant's runs as one frontier (aca_frontier.png) and this run against
     the other variants' frontiers at its tokens, printed."""
-    ids = [r["id"] for r in records]
-    this = _run_point(cfg.variant, vars(cfg), records, ids, "this run")
+    ids = _judged_ids(records)
+    this = _run_point(
+        cfg.variant, vars(cfg), [(f"{cfg.out}:{i}", r) for i, r in enumerate(records, 1)], ids, "this run"
+    )
     sweeps = {cfg.variant: [this]}
     for variant, point in others:
         sweeps.setdefault(variant, []).append(point)
     if baseline is not None:
         method = cfg.final if final_tau is not None or cfg.final != "rb" else "lin"
         by_id = {r["id"]: r for r in baseline}
-        if sorted(by_id) != sorted(ids):
+        if any(i not in by_id for i in ids):
             raise BetaPRMInputError("--baseline: its records are not on this run's problems; give a run on the same")
         sweeps["Best-of-n (baseline)"] = best_of_n_points(
             [by_id[i] for i in ids], method, final_lam if final_lam is not None else 0.5, final_tau
