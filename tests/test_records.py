@@ -37,7 +37,7 @@ def damaged_lines(tmp_path):
 EXPECTED = {
     2: ("mc_correct[0]", "K = 9 > N = 8"),
     3: ("mc_correct[0]", "K = -1 < 0"),
-    4: ("mc_total[1]", "N = 0 < 1"),
+    4: ("mc_total[1]", "N must be an integer count from 1 to 16,777,216, got 0"),
     5: ("mc_correct[0]", "K must be an integer count, got 2.5"),
     6: ("mc_correct", "has 3 counts for 2 steps"),
     7: ("steps[1]", "is empty"),

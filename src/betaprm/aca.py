@@ -65,7 +65,16 @@ def final_selector_problems(final: str, final_tau: float | None, tau_required: b
         bad.append(f"final must be one of {', '.join(METHODS)}, got {final!r}")
     if tau_required and final == "rb" and final_tau is None:
         bad.append("final 'rb' needs final_tau (S_RB's sigma threshold, tuned on validation pools)")
+    if final_tau is not None and not final_tau >= 0:  # sigma >= 0: a negative threshold counts every step
+        bad.append(f"final_tau must be a sigma threshold >= 0, got {final_tau}")
     return bad
+
+
+def cut_problems(p_bad: float) -> list[str]:
+    """What is wrong with a cut point's threshold (ACA's, search's repair): ``p_bad`` is
+    compared with ``mu - c * sigma``, a probability's scale; outside [0, 1] (or nan) it cuts
+    every step or none."""
+    return [] if 0 <= p_bad <= 1 else [f"p_bad must be a probability in [0, 1], got {p_bad}"]
 
 
 @dataclass
@@ -110,6 +119,7 @@ class ACAConfig(ACASettings):
 
     def __post_init__(self):
         bad = self.budget_problems()
+        bad += cut_problems(self.p_bad)
         if self.uncertainty not in UNCERTAINTIES:
             bad.append(f"uncertainty must be one of {', '.join(UNCERTAINTIES)}, got {self.uncertainty!r}")
         bad += final_selector_problems(self.final, self.final_tau)

@@ -80,7 +80,9 @@ def resolve_model(spec, revision: str | None = None, flag: str = "--model", file
     ``BetaPRMInputError`` naming ``flag`` and the fix when neither can be had."""
     if isinstance(spec, ModelSource):
         return spec
-    text = os.fspath(spec)
+    # "~/w/ckpt" (quoted, so the shell left it) is the home folder's, and so named everywhere
+    # (model card, messages); no hub name starts with "~".
+    text = os.path.expanduser(os.fspath(spec))
     if Path(text).expanduser().is_dir():
         if revision is not None:
             raise BetaPRMInputError(f"{flag} {text}: a revision applies to hub names only; {text} is a local folder")

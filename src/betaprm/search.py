@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .aca import final_selector_problems
+from .aca import cut_problems, final_selector_problems
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
 from .options import opt as _f
@@ -86,6 +86,7 @@ class SearchConfig:
             bad.append(f"n ({self.n}) must be a positive multiple of width ({self.width})")
         if self.max_rounds < 1:
             bad.append(f"max_rounds must be >= 1, got {self.max_rounds}")
+        bad += cut_problems(self.p_bad)
         bad += final_selector_problems(self.final, self.final_tau)
         if bad:
             raise BetaPRMInputError("bad search configuration: " + "; ".join(bad))

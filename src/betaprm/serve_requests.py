@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from .image_files import ImageRefused, decode_image
+from .numeric import NumberRefused, json_float, number
 from .options import DEFAULT_MAX_BATCH_TOKENS
 from .options import opt as _f
 from .selection import METHODS, method_problems
@@ -105,12 +106,22 @@ def text_field(obj: dict, key: str, where: str) -> str:
 
 
 def number_field(obj: dict, key: str, default, low: float, high: float, rule: str):
+    """``obj[key]`` (``default`` when absent) as a float in [low, high] (``math.inf``: no
+    bound), checked by ``numeric.number`` (an integer by its size first); 400 otherwise."""
     v = obj.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
-        raise RequestError(400, f"field {key!r} must be a finite number {rule}, got {v!r}")
-    return float(v)
+    try:
+        x = number(
+            v,
+            f"field {key!r}",
+            low=None if low == -math.inf else low,
+            high=None if high == math.inf else high,
+            what=f"a finite number {rule}",
+        )
+    except NumberRefused as e:
+        raise RequestError(400, str(e)) from None
+    return float(x)
 
 
 # A \\uD800-\\uDFFF escape: the only way JSON text can carry a surrogate, which no tokenizer encodes.
@@ -135,7 +146,13 @@ def lone_surrogate(obj, where: str) -> str | None:
 
 def parse_json(raw: bytes):
     try:
-        body = json.loads(raw, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")))
+        body = json.loads(
+            raw,
+            parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not allowed")),
+            parse_float=json_float,  # 1e400 refused here, as in input files, not read as infinity
+        )
+    except NumberRefused as e:
+        raise RequestError(400, f"the body holds the number {e.got}, beyond float range (about 1.8e308)") from None
     except (ValueError, RecursionError) as e:
         raise RequestError(400, f"the body is not valid JSON: {e}") from None
     if _SURROGATE_ESCAPE.search(raw):

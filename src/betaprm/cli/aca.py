@@ -13,6 +13,7 @@ from ..aca import (
     ACASettings,
     best_of_n_curve,
     best_of_n_points,
+    cut_problems,
     final_selector_problems,
     run_aca,
     summarize,
@@ -86,6 +87,7 @@ class ACACommandConfig(ProblemOptions, ACASettings, BatchOptions, GenerationOpti
         bad = self.problem_checks()
         # S_RB without --final-tau is tuned (or falls back to S_lin) when the run starts.
         bad += final_selector_problems(self.final, self.final_tau, tau_required=False)
+        bad += cut_problems(self.p_bad)
         if bad:
             raise BetaPRMInputError("bad aca configuration:\n  " + "\n  ".join(bad))
 

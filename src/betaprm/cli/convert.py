@@ -5,6 +5,7 @@ from pathlib import Path
 from ..data.convert import FORMATS, ConvertOptions, convert_file
 from ..errors import BetaPRMInputError
 from ..provenance import check_paths
+from .flags import expand_path, number_flag
 
 HELP = "convert public PRM data (VisualPRM raw, Math-Shepherd, PRM800K, TRL) to betaprm records"
 DESCRIPTION = """Convert a public PRM data file to betaprm's record format, keeping the counts.
@@ -37,21 +38,26 @@ def add_arguments(parser):
     parser.add_argument(
         "--input",
         required=True,
+        type=expand_path,
         help="the data to convert: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])",
     )
-    parser.add_argument("--output", required=True, help="where to write betaprm records (JSONL)")
+    parser.add_argument("--output", required=True, type=expand_path, help="where to write betaprm records (JSONL)")
     parser.add_argument(
         "--on-error",
         choices=["fail", "skip"],
         default="fail",
         help="fail (default): stop on any bad record; skip: leave bad records out and write them to --rejects",
     )
-    parser.add_argument("--rejects", help="rejects file for --on-error skip (default: OUTPUT with .rejects.jsonl)")
+    parser.add_argument(
+        "--rejects", type=expand_path, help="rejects file for --on-error skip (default: OUTPUT with .rejects.jsonl)"
+    )
     parser.add_argument(
         "--source-name", help="source name used in generated ids and the source field (default: the input file's stem)"
     )
     parser.add_argument(
-        "--image-root", help="visualprm-raw: folder that image paths are relative to (prefixed to them)"
+        "--image-root",
+        type=expand_path,
+        help="visualprm-raw: folder that image paths are relative to (prefixed to them)",
     )
     parser.add_argument(
         "--prm800k-neutral",
@@ -59,12 +65,16 @@ def add_arguments(parser):
         default="correct",
         help="prm800k: how a 0 (neutral) rating counts (default: correct)",
     )
-    parser.add_argument("--soft-n", type=int, help="trl, er-prm: N for fractional labels (K = p*N)")
     parser.add_argument(
-        "--mc-n", type=int, help="mc-prefix: the rollouts behind each success rate (K = round(N*rate))"
+        "--soft-n", type=number_flag(integer=True), help="trl, er-prm: N for fractional labels (K = p*N)"
     )
     parser.add_argument(
-        "--er-eta", type=float, help="er-prm: the entropy coefficient of the labels; p is recovered from them"
+        "--mc-n",
+        type=number_flag(integer=True),
+        help="mc-prefix: the rollouts behind each success rate (K = round(N*rate))",
+    )
+    parser.add_argument(
+        "--er-eta", type=number_flag(), help="er-prm: the entropy coefficient of the labels; p is recovered from them"
     )
 
 

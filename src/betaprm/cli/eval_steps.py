@@ -11,6 +11,7 @@ from ..evaluation import plots, prmbench, processbench
 from ..evaluation.prmbench import CATEGORIES, CORRECT, describe_irregular, evaluate_prmbench, read_prmbench
 from ..evaluation.processbench import evaluate_processbench, read_processbench
 from ..evaluation.steps import evaluate_steps, f1_scores, read_visualprocessbench
+from ..numeric import NumberRefused, number
 from ..options import opt as _f
 from .flags import add_config_args, config_from_args
 from .scoring_options import ScoringOptions, check_eval_outputs, write_evaluation
@@ -95,10 +96,10 @@ class EvalStepsConfig(ScoringOptions):
     def __post_init__(self):
         bad = []  # required flags and fixed choices: checked by config_from_args (options.field_problems)
         if self.threshold not in ("auto", "val"):
-            try:
-                float(self.threshold)
-            except ValueError:
-                bad.append(f"--threshold must be a number, val or auto, got {self.threshold!r}")
+            try:  # a step score is a probability (mu): a threshold outside [0, 1], or nan, decides nothing
+                number(self.threshold, "--threshold", low=0, high=1, text=True, what="a number in [0, 1], val or auto")
+            except NumberRefused as e:
+                bad.append(str(e))
         if self.format == "visualprocessbench" and self.threshold not in ("auto", "val"):
             bad.append("--format visualprocessbench always chooses its threshold on validation; drop --threshold")
         if not 0 < self.val_fraction < 1:

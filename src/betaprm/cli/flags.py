@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import functools
+import os
+import re
 import sys
 from pathlib import Path
 from typing import get_type_hints
 
 from ..data.jsonl import BadJSON, decode_utf8, load_json_file, open_input
 from ..errors import BetaPRMInputError
+from ..numeric import NumberRefused, number, rule_text, shown
 from ..options import field_problems, opt
 from ..options import flag_name as _flag
 
-__all__ = ["add_config_args", "config_from_args", "load_config_file", "opt"]
+__all__ = ["add_config_args", "config_from_args", "expand_path", "load_config_file", "number_flag", "opt"]
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
@@ -57,10 +60,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
         choices = f.metadata.get("choices")
         if typ is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif typ in (int, float, str):
-            kwargs.update(type=typ, metavar=f.name.upper())
-        elif typ in (int | None, float | None, str | None):
-            kwargs.update(type=typ.__args__[0], metavar=f.name.upper())
+        elif typ in (int, float, str, int | None, float | None, str | None):
+            base = typ if typ in (int, float, str) else typ.__args__[0]
+            kwargs.update(type=_FLAG_TYPES.get(base, base), metavar=f.name.upper())
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {typ}")
         if choices is not None and typ is not bool:
@@ -75,6 +77,38 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
             base = argparse.BooleanOptionalAction if typ is bool else _Store
             for spelling in dict.fromkeys((_flag(old), "--" + old)):
                 parser.add_argument(spelling, **{**hidden, "action": _deprecated(base, f.name)})
+
+
+def _number_text(integer: bool):
+    """An argparse type that reads a number flag's text (``1e-5``, ``12``). Whether the number
+    is allowed (finite, an integer's size, the option's range) is ``config_from_args``' check,
+    after the option's own, which words its range."""
+
+    def read(text: str):
+        try:
+            return int(text) if integer else float(text)
+        except ValueError:  # the message shows at most numeric.MAX_SHOWN characters of the text
+            raise argparse.ArgumentTypeError(f"must be {rule_text(integer)}, got {shown(text)}") from None
+
+    read.__name__ = "int" if integer else "float"
+    return read
+
+
+_FLAG_TYPES = {int: _number_text(True), float: _number_text(False)}
+
+
+def number_flag(integer: bool = False, **rule):
+    """An argparse type for a flag not made from a config field: the text read and checked by
+    ``numeric.number`` (finite, an integer's size, ``rule``'s ``low``/``high``) at once."""
+
+    def read(text: str):
+        try:
+            return number(text, "", integer=integer, text=True, **rule)
+        except NumberRefused as e:
+            raise argparse.ArgumentTypeError(e.reason) from None
+
+    read.__name__ = "int" if integer else "float"
+    return read
 
 
 def deprecation(old: str, new: str) -> None:
@@ -106,6 +140,37 @@ def _renamed(cls) -> dict[str, str]:
     return {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("aliases", ())}
 
 
+class _AliasRefused(Exception):
+    def __init__(self, mark):
+        super().__init__(mark)
+        self.mark = mark
+
+
+@functools.cache
+def _yaml_loader():
+    """``yaml.SafeLoader`` without aliases, and with YAML 1.2's numbers.
+
+    An alias (``*name``, ``<<: *name``) is refused where it is read: nested aliases make a
+    539-byte file a value of billions of items (the "billion laughs"), which any message or
+    comparison that walks it would expand. And ``1e-5`` / ``1.0e5`` are floats, as in YAML
+    1.2 and on the command line; PyYAML (YAML 1.1) reads them as text, so a TRL config's
+    ``learning_rate: 1e-5`` would be refused as a string."""
+    import yaml  # loaded when a YAML config is read, not by --help
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise _AliasRefused(self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?|[-+]?\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."),
+    )
+    return Loader
+
+
 def load_config_file(path: str) -> dict:
     p = Path(path)
     if p.suffix == ".json":
@@ -116,11 +181,20 @@ def load_config_file(path: str) -> dict:
         with open_input(p, "--config") as f:
             raw = f.read()
         try:
-            data = yaml.safe_load(decode_utf8(raw))
+            data = yaml.load(decode_utf8(raw), Loader=_yaml_loader())  # a SafeLoader subclass
         except BadJSON as e:
             raise BetaPRMInputError(f"--config {path}:{e.lineno}: {e.reason}; fix: save the file as UTF-8") from None
+        except _AliasRefused as e:
+            raise BetaPRMInputError(
+                f"--config {path}:{e.mark.line + 1}: uses a YAML alias (*name); aliases and anchors are not read, "
+                "since nested ones expand a small file into billions of values; fix: write each value out in full"
+            ) from None
         except (yaml.YAMLError, RecursionError) as e:
-            raise BetaPRMInputError(f"--config {path}: not valid YAML: {e}") from None
+            raise BetaPRMInputError(f"--config {path}: not valid YAML: {shown(str(e), 300)}") from None
+        except ValueError:  # PyYAML's int() of an integer over 4300 digits
+            raise BetaPRMInputError(
+                f"--config {path}: holds an integer with more than 4300 digits, which no option can use"
+            ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -145,16 +219,16 @@ def _typed(cls, values: dict, path: str) -> dict:
             out[k] = v
         elif base is bool and isinstance(v, bool) or base is str and isinstance(v, str):
             out[k] = v
-        elif base is int and isinstance(v, int) and not isinstance(v, bool):
-            out[k] = v
-        elif base is float and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            out[k] = float(v)
+        elif base in (int, float) and not isinstance(v, str):
+            try:  # numeric.number: the one check of flags, config files, records and requests
+                x = number(v, k, integer=base is int, what=rule_text(base is int) + (" or null" if optional else ""))
+            except NumberRefused as e:
+                bad.append(str(e))
+            else:
+                out[k] = float(x) if base is float else x
         else:
-            bad.append(
-                f"{k}: expected "
-                f"{'a finite number' if base is float else base.__name__}{' or null' if optional else ''}, got "
-                f"{str(v)[:40]!r} ({type(v).__name__})"
-            )
+            expected = {bool: "true or false", str: "a string"}.get(base) or rule_text(base is int)
+            bad.append(f"{k} must be {expected}{' or null' if optional else ''}, got {shown(v)}")
     if bad:
         raise BetaPRMInputError(
             f"--config {path}: wrong value types:\n  "
@@ -175,12 +249,69 @@ def _old_values(cls, values: dict, given: dict) -> None:
             values[f.name] = new
 
 
+PATH_FIELDS = frozenset(
+    {
+        "backbone",
+        "baseline",
+        "config",
+        "data",
+        "eval_data",
+        "failed",
+        "frontier",
+        "image_root",
+        "input",
+        "model",
+        "out",
+        "output",
+        "output_dir",
+        "plots",
+        "policy",
+        "policy_tokenizer",
+        "pools",
+        "problems",
+        "rejects",
+        "resume_from_checkpoint",
+        "world_config",
+    }
+)
+"""Options that name a file or folder (in any command): a leading ``~`` is the home folder
+(``expand_path``), from a flag or a config file alike, and the expanded path is what every
+message shows (a quoted ``'~/w/ckpt'`` reaches betaprm unexpanded by the shell)."""
+
+
+def expand_path(value):
+    """``~/x`` and ``~user/x`` as the home folder's ``x``; anything else (a hub name, a
+    relative path, None) as it is. Comma-separated lists (``--pools a,b``) item by item."""
+    if not isinstance(value, str) or "~" not in value:
+        return value
+    return ",".join(os.path.expanduser(v) if v.startswith("~") else v for v in value.split(","))
+
+
+def _number_problems(cls, values: dict, given: dict) -> list[tuple[bool, str]]:
+    """``(an integer field, message)`` for each int or float option refused by
+    ``numeric.number``: not finite, or an integer too large for any setting."""
+    hints, bad = get_type_hints(cls), []
+    for k, v in values.items():
+        typ = hints.get(k)
+        base = typ.__args__[0] if typ in (int | None, float | None) else typ
+        if base in (int, float) and v is not None:
+            try:
+                number(v, given.get(k, _flag(k)), integer=base is int)
+            except NumberRefused as e:
+                bad.append((base is int, str(e)))
+    return bad
+
+
 def config_from_args(cls, ns: argparse.Namespace):
     """Dataclass defaults < ``--config`` file < command-line flags; then every required flag
-    given and every value among its field's choices, all problems named in one error."""
+    given and every value among its field's choices, all problems named in one error. Paths
+    (``PATH_FIELDS``) have ``~`` expanded; numbers are checked by ``numeric.number`` (a
+    config file's as they are read; a flag's integer size first, its finiteness after the
+    config's own checks, which word the option's range)."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {}
     if getattr(ns, "config", None):
+        ns.config = expand_path(ns.config)
         values = load_config_file(ns.config)
         if hasattr(cls, "from_file_keys"):
             values = cls.from_file_keys(values, ns.config)
@@ -200,12 +331,24 @@ def config_from_args(cls, ns: argparse.Namespace):
     flags = {k: v for k, v in vars(ns).items() if k in names}
     values.update(flags)
     given.update({k: _flag(k) for k in flags})
+    values.update({k: expand_path(v) for k, v in values.items() if k in PATH_FIELDS})
     _old_values(cls, values, given)
-    bad = field_problems(cls, values)
+    numbers = _number_problems(cls, values, given)
+    bad = field_problems(cls, values) + [m for integer, m in numbers if integer]
     if bad:
         where = " (on the command line or in the --config file)" if any("required" in b for b in bad) else ""
         raise BetaPRMInputError(f"bad configuration{where}:\n  " + "\n  ".join(bad))
+    non_finite = BetaPRMInputError("bad configuration:\n  " + "\n  ".join(m for _, m in numbers))
     try:
-        return cls(**values)
-    except TypeError as e:
-        raise BetaPRMInputError(f"bad configuration: {e}") from None
+        config = cls(**values)
+    except BetaPRMInputError:
+        raise  # the config's own check, which names the option's range
+    except (TypeError, ValueError, OverflowError) as e:
+        if numbers:  # a config's check tripped over a nan or inf: say so, not its error
+            raise non_finite from None
+        if isinstance(e, TypeError):
+            raise BetaPRMInputError(f"bad configuration: {e}") from None
+        raise
+    if numbers:  # nan or inf in an option whose config has no check of its own
+        raise non_finite
+    return config

@@ -1,6 +1,7 @@
 """betaprm validate"""
 
 from ..data.records import validate_file
+from .flags import expand_path
 
 HELP = "check a records file and report every problem (exit 0 when clean, 2 otherwise)"
 DESCRIPTION = """Check records (a JSONL file, or any source --data takes) without training on them.
@@ -13,7 +14,9 @@ and candidates. Every problem is listed with file, line, field and the fix. Exit
 
 def add_arguments(parser):
     parser.add_argument(
-        "file", help="the records to check: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])"
+        "file",
+        type=expand_path,
+        help="the records to check: JSONL, .json, parquet, a save_to_disk folder or a hub name (NAME[:SPLIT])",
     )
     parser.add_argument(
         "--kind",

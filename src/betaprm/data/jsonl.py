@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
+from ..numeric import NumberRefused, json_float
 
 MAX_LINE_BYTES = 64 << 20
 """Longest JSONL line read (64 MiB): reading a longer one would take several times its
@@ -54,16 +55,20 @@ def _refuse_constant(name: str):
 
 def loads_strict(text: str) -> Any:
     """``json.loads`` for input files. Refuses ``NaN`` / ``Infinity`` (Python's json
-    accepts them), and turns an integer too long for Python (over 4300 digits) and
-    nesting too deep to parse into ``BadJSON`` too, like a syntax error."""
+    accepts them) and a number beyond float range (``1e400``, which it reads as infinity),
+    and turns an integer too long for Python (over 4300 digits) and nesting too deep to
+    parse into ``BadJSON`` too, like a syntax error. (How large an integer may be is each
+    field's rule: ``numeric.number``.)"""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=json_float)
     except json.JSONDecodeError as e:
         msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg  # "Invalid control character at"
         at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno} column {e.colno}"
         raise BadJSON(f"not valid JSON ({msg} at {at})", e.lineno) from None
     except _Refused as e:
         raise BadJSON(f"not valid JSON ({e})") from None
+    except NumberRefused as e:
+        raise BadJSON(f"holds the number {e.got}, beyond float range (about 1.8e308): no field can use it") from None
     except ValueError:  # the only other ValueError json raises: int() on a too long literal
         raise BadJSON("holds an integer with more than 4300 digits, which no field can use") from None
     except RecursionError:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
+from ..numeric import NumberRefused, number
 from .jsonl import Problem, iter_jsonl
 from .sources import base_dir, iter_rows
 
@@ -80,7 +81,9 @@ def _is_int(x) -> bool:
 
 
 def _is_number(x) -> bool:
-    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+    """An answer or source given as a number: an int of any size (never turned into a
+    float: ``math.isfinite`` raises on a 400-digit one) or a finite float, never a bool."""
+    return _is_int(x) or (isinstance(x, float) and math.isfinite(x))
 
 
 def _check_steps(obj, line, prefix, marker, problems):
@@ -230,41 +233,30 @@ def _check_counts(obj, line, n_steps, problems):
         return None, None
     ok = True
     for i, (kk, nn) in enumerate(zip(k, n)):
-        if not _is_int(nn):
-            problems.append(
-                Problem(
-                    line,
-                    f"mc_total[{i}]",
-                    f"N must be an integer count, got {short_repr(nn)}",
-                    "write N as a whole number of continuations",
+        try:  # numeric.number: the type, then the range, and no float made of a 400-digit integer
+            number(nn, "N", integer=True, low=1, high=MAX_COUNT, what=f"an integer count from 1 to {MAX_COUNT:,}")
+        except NumberRefused as e:
+            if not _is_int(nn):
+                fix = "write N as a whole number of continuations"
+            elif nn < 1:
+                fix = "N counts sampled continuations and must be at least 1"
+            else:
+                fix = (
+                    "use N <= 16,777,216 (2**24): float32 training would round larger counts; scale K and N down "
+                    'together (fractional K needs "soft": true)'
                 )
-            )
+            problems.append(Problem(line, f"mc_total[{i}]", str(e), fix))
             ok = False
-            continue
-        if nn < 1:
-            problems.append(
-                Problem(
-                    line, f"mc_total[{i}]", f"N = {nn} < 1", "N counts sampled continuations and must be at least 1"
-                )
-            )
-            ok = False
-        elif nn > MAX_COUNT:
-            problems.append(
-                Problem(
-                    line,
-                    f"mc_total[{i}]",
-                    f"N = {short_repr(nn)} is above {MAX_COUNT:,} (2**24)",
-                    "use N <= 16,777,216: float32 training would round larger counts; scale K and N down together "
-                    '(fractional K needs "soft": true)',
-                )
-            )
-            ok = False
-        if not _is_number(kk) or (not soft and not _is_int(kk)):
+            if not _is_int(nn):
+                continue
+        try:
+            number(kk, "K", integer=not soft, what=None if soft else "an integer count")
+        except NumberRefused as e:
             problems.append(
                 Problem(
                     line,
                     f"mc_correct[{i}]",
-                    f"K must be an integer count, got {short_repr(kk)}",
+                    str(e),
                     'write K as a whole number; for soft labels store K = p*N and set "soft": true (what `betaprm '
                     "convert --from trl --soft-n N` writes)",
                 )
@@ -328,13 +320,9 @@ def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
             )
             return
         n_steps = k
-    allowed = {
-        "mu": (lambda x: 0 <= x <= 1, "in [0, 1]"),
-        "kappa": (lambda x: x > 0, "> 0"),
-        "sigma": (lambda x: x >= 0, ">= 0"),
-    }
+    allowed = {"mu": dict(low=0, high=1), "kappa": dict(low=0, low_open=True), "sigma": dict(low=0)}
     for key in present:
-        vals, (ok, rule) = cand[key], allowed[key]
+        vals = cand[key]
         if not isinstance(vals, list):
             problems.append(
                 Problem(
@@ -356,15 +344,10 @@ def _check_scores(cand: dict, line, prefix, steps, problems) -> None:
             )
             continue
         for i, x in enumerate(vals):
-            if not _is_number(x) or not ok(x):
-                problems.append(
-                    Problem(
-                        line,
-                        f"{prefix}{key}[{i}]",
-                        f"must be a finite number {rule}, got {short_repr(x)}",
-                        "rescore the pool with betaprm score",
-                    )
-                )
+            try:
+                number(x, "", **allowed[key])
+            except NumberRefused as e:
+                problems.append(Problem(line, f"{prefix}{key}[{i}]", e.reason, "rescore the pool with betaprm score"))
                 break
 
 

@@ -126,6 +126,12 @@ class BackendOptions:
             bad.append(f"--backend {self.backend} needs --policy (the model to generate with)")
         if not (math.isfinite(self.request_timeout) and self.request_timeout > 0):
             bad.append(f"--request-timeout must be a number of seconds > 0, got {self.request_timeout}")
+        # Checked here, at the start, for every backend (generation.text.Sampling checks them
+        # again, but only once a model backend builds its generator).
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            bad.append(f"--temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            bad.append(f"--top-p must be a probability in (0, 1], got {self.top_p}")
         if self.gen_batch_size < 1 or self.gen_max_batch_tokens < 1:
             bad.append(
                 f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and "

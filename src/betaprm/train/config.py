@@ -278,6 +278,10 @@ class TrainConfig:
             problems.append(f"--reward-tokens must be two comma-separated words, got {self.reward_tokens!r}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             problems.append(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0.0 <= self.hard_threshold <= 1.0:  # compared with K/N: outside [0, 1] every step is one class
+            problems.append(f"--hard-threshold must be in [0, 1] (compared with K/N), got {self.hard_threshold}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            problems.append(f"--lora-dropout must be a probability in [0, 1), got {self.lora_dropout}")
         if self.lora_r < 0:
             problems.append(f"--lora-r must be >= 0, got {self.lora_r}")
         # torch refuses NaN and negative rates only when the optimiser is built (a traceback
