@@ -39,7 +39,8 @@ def flag_name(name: str) -> str:
 
 
 def field_problems(cls, values: dict | None = None) -> list[str]:
-    """Every ``required`` field left empty and every value outside its field's ``choices``,
+    """Every ``required`` field left empty, every value outside its field's ``choices`` and
+    a ``seed`` outside numpy's 32 bits,
     worded with the flag. ``cls``: a config dataclass with ``values`` (name -> value, the
     defaults filling the rest), or a config instance (its values; a renamed value in
     ``old_values`` is replaced by the new one)."""
@@ -57,6 +58,9 @@ def field_problems(cls, values: dict | None = None) -> list[str]:
             value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         if f.metadata.get("required") and value in ("", None):
             bad.append(f"{flag_name(f.name)} is required")
+        if f.name == "seed" and isinstance(value, int) and not 0 <= value < 2**32:
+            # numpy's generators and the Trainer take seeds of 32 bits, and refuse negatives
+            bad.append(f"{flag_name(f.name)} must be an integer in [0, 2**32 - 1], got {value}")
         choices = f.metadata.get("choices")
         if choices is not None and value is not None and value not in choices:
             bad.append(f"{flag_name(f.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")

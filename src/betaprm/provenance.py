@@ -336,7 +336,8 @@ def rejects_path(output) -> str:
     return f"{output}.rejects.jsonl"
 
 
-def _resolved(p: Path) -> Path:
+def resolved(p: Path) -> Path:
+    """``p`` resolved (links and ``..`` followed); a link loop as the absolute path itself."""
     try:
         return p.resolve()
     except (OSError, RuntimeError):  # a symlink loop
@@ -352,7 +353,7 @@ def same_path(a, b) -> bool:
             return os.path.samefile(a, b)
     except OSError:
         pass
-    return _resolved(a) == _resolved(b)
+    return resolved(a) == resolved(b)
 
 
 def _probe(folder: Path) -> str | None:
@@ -389,7 +390,7 @@ def _write_problem(flag: str, path, folder: bool) -> str | None:
         # The file itself is writable, but a run also makes files beside it (sidecar, lock, rejects).
     # The nearest existing folder (the folder itself, or the one above the output) decides
     # whether files and missing folders can be made.
-    up = _resolved(p) if folder and p.is_dir() else _resolved(p).parent
+    up = resolved(p) if folder and p.is_dir() else resolved(p).parent
     while not up.exists() and up != up.parent:
         up = up.parent
     if not up.is_dir():

@@ -51,8 +51,9 @@ class LabelConfig(GenerationOptions, OutputOptions):
         bad = self.backend_problems()
         if not (math.isfinite(self.check_timeout) and self.check_timeout > 0):
             bad.append(f"--check-timeout must be a number of seconds > 0, got {self.check_timeout}")
-        if self.n < 1:
-            bad.append(f"--n must be >= 1, got {self.n}")
+        for name in ("n", "chunk", "n_problems", "traces_per_problem"):
+            if getattr(self, name) < 1:
+                bad.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.backend == "synth" and self.input:
             bad.append(
                 "--backend synth labels chain-arithmetic traces it samples itself; give --backend "

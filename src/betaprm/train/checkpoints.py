@@ -17,7 +17,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..errors import BetaPRMInputError
 from ..model import CONFIG_NAME
-from ..provenance import check_paths, differences, fingerprint, model_fingerprint, same_path, settings_of
+from ..provenance import check_paths, differences, fingerprint, model_fingerprint, resolved, same_path, settings_of
 from .config import BEST_METRICS, TrainConfig, uses_batch_rebalance
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def rejects_of(cfg: TrainConfig) -> str:
 
 def _inside(path, folder) -> bool:
     """Whether ``path`` is ``folder`` or lies under it (resolved: links and ``..`` followed)."""
-    p, f = Path(str(path)).resolve(), Path(str(folder)).resolve()
+    p, f = resolved(Path(str(path))), resolved(Path(str(folder)))
     return p == f or p.is_relative_to(f)
 
 
@@ -187,7 +187,7 @@ def check_train_paths(cfg: TrainConfig) -> None:
         if not path:
             continue
         try:
-            under_ckpt = Path(str(path)).resolve().relative_to(out.resolve()).parts[0].startswith("checkpoint-")
+            under_ckpt = resolved(Path(str(path))).relative_to(resolved(out)).parts[0].startswith("checkpoint-")
         except (ValueError, IndexError):  # not under --output-dir, or --output-dir itself
             under_ckpt = False
         if under_ckpt:
