@@ -567,11 +567,16 @@ def test_beta_binomial_on_hard_labels_warns_once(lm_dir, tmp_path, caplog):
 
 
 def test_push_to_hub_uploads_the_final_betaprm(lm_dir, counts, tmp_path, monkeypatch):
-    """--push-to-hub hands the final directory, checkpoints left out, to huggingface_hub.
-    The hub cannot be reached from the tests, so HfApi is replaced by a stand-in that
-    copies what upload_folder would send (with huggingface_hub's own pattern filter)."""
+    """--push-to-hub opens the repository before training and hands the final model's files,
+    checkpoints and the training summary left out, to huggingface_hub. The hub cannot be
+    reached from the tests, so HfApi is replaced by a stand-in that copies what
+    upload_folder would send (with huggingface_hub's own pattern filter)."""
     import huggingface_hub
+    from huggingface_hub import constants
     from huggingface_hub.utils import filter_repo_objects
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the stand-in below is the hub
+    monkeypatch.setenv("HF_TOKEN", "hf_stand_in")
 
     remote = tmp_path / "remote"
     calls = []
@@ -581,21 +586,21 @@ def test_push_to_hub_uploads_the_final_betaprm(lm_dir, counts, tmp_path, monkeyp
             calls.append(("create", repo_id, private, exist_ok))
             return f"https://hub.invalid/{repo_id}"
 
-        def upload_folder(self, repo_id, folder_path, ignore_patterns=None, commit_message=None):
+        def upload_folder(self, repo_id, folder_path, allow_patterns=None, ignore_patterns=None, commit_message=None):
             calls.append(("upload", repo_id))
             root = Path(folder_path)
             files = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
-            for rel in filter_repo_objects(files, ignore_patterns=ignore_patterns):
+            for rel in filter_repo_objects(files, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns):
                 (remote / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(root / rel, remote / rel)
 
     monkeypatch.setattr(huggingface_hub, "HfApi", StandInHfApi)
     out = tmp_path / "o"
     prm, _, _ = train(cfg(lm_dir, counts, out, max_steps=4, save_steps=2, push_to_hub="me/my-prm", hub_private=True))
-    assert calls == [("create", "me/my-prm", True, True), ("upload", "me/my-prm")]
+    assert calls == [("create", "me/my-prm", True, True)] * 2 + [("upload", "me/my-prm")]  # before and after
     assert any(p.name.startswith("checkpoint-") for p in out.iterdir())
     assert not any(p.name.startswith("checkpoint-") for p in remote.iterdir())
-    assert (remote / "train_summary.json").is_file()
+    assert (out / "train_summary.json").is_file() and not (remote / "train_summary.json").exists()
     pushed = BetaPRM.from_pretrained(remote)
     for k, v in prm.state_dict().items():
         assert torch.equal(v, pushed.state_dict()[k]), k

@@ -100,7 +100,10 @@ def model_card(
         datasets=[hub_data] if hub_data else None,
         license=license or "other",
     )
-    data_text = f"`{data_name}` (fingerprint `{data.get('fingerprint', '?')}`)" if data_name else ""
+    # The card is published: a local file or folder appears by its name alone, never by the
+    # path it had on the machine that trained the model.
+    shown = data_name if hub_data else Path(data_name).name
+    data_text = f"`{shown}` (fingerprint `{data.get('fingerprint', '?')}`)" if data_name else ""
     return ModelCard.from_template(
         card_data,
         template_str=_TEMPLATE,

@@ -5,8 +5,10 @@ whichever way the model was named.
 
 A hub name is ``NAME`` or ``OWNER/NAME``, optionally ``@REVISION`` (a branch, tag or
 commit). A name that looks like a path (``looks_local``) and is not a folder is an error,
-never a hub request. A name is resolved once per process, so every part of a command reads
-one snapshot.
+never a hub request. A revision must be a git ref name or a commit hash (``check_revision``)
+and the snapshot folder it names must lie inside the cache: the cache reads a branch's commit
+from ``refs/REVISION``, so ``@../../x`` would otherwise open a folder named in any file. A
+name is resolved once per process, so every part of a command reads one snapshot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from .errors import BetaPRMInputError
 __all__ = ["ModelSource", "resolve_model"]
 
 _REPO_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# What `git check-ref-format` refuses in a branch or tag name: control characters, space and
+# ~^:?*[\ anywhere; "..", "@{" or "//"; a leading "/" or "-"; a trailing "/" or "."; a part
+# that starts with "." or ends with ".lock".
+_BAD_REF = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//|^[/-]|[/.]$|(?:^|/)\.|\.lock(?:/|$)")
 # What a model needs, top-level files only (huggingface_hub's patterns match across "/", so
 # subfolders are ignored explicitly): other formats and copies (GGUF, ONNX, Flax, TF,
 # original/, Mistral's consolidated.safetensors beside the sharded weights) stay on the hub.
@@ -53,6 +60,18 @@ def split_revision(spec: str) -> tuple[str, str | None]:
     if sep and name and rev and _REPO_ID.fullmatch(name):
         return name, rev
     return spec, None
+
+
+def check_revision(revision: str, where: str) -> None:
+    """Stop unless ``revision`` is a 40-hex commit hash or a name git accepts for a branch or
+    tag (``refs/pr/1`` included); ``where`` starts the message."""
+    if _COMMIT.fullmatch(revision) or (revision != "@" and not _BAD_REF.search(revision)):
+        return
+    raise BetaPRMInputError(
+        f"{where}: {revision[:100]!r} is not a revision; give a branch or tag name (git's rules: no '..', '@{{', "
+        "'//', spaces, control characters or any of ~^:?*[\\, no leading '/' or '-', no part starting with '.' or "
+        "ending with '.lock') or a 40-character commit hash"
+    )
 
 
 def is_hub_name(spec: str) -> bool:
@@ -91,6 +110,8 @@ def resolve_model(spec, revision: str | None = None, flag: str = "--model", file
     if rev_in_name is not None and revision is not None and rev_in_name != revision:
         raise BetaPRMInputError(f"{flag} {text}: two revisions given ({rev_in_name!r} and {revision!r}); give one")
     revision = revision or rev_in_name
+    if revision is not None:
+        check_revision(revision, f"{flag} {text}")
     if Path(text).expanduser().exists():
         raise BetaPRMInputError(f"{flag} {text}: a file, not a model folder; give the folder that holds config.json")
     if not is_hub_name(name) or looks_local(name):
@@ -106,6 +127,23 @@ def resolve_model(spec, revision: str | None = None, flag: str = "--model", file
     return ModelSource(path, name, path.name)
 
 
+def unreadable_model(source: ModelSource, error: BaseException, flag: str = "") -> BetaPRMInputError:
+    """The error for a model whose files transformers or safetensors could not read (no
+    weights, a truncated file, a partial hub snapshot), naming the folder and the fix;
+    ``flag`` (``--policy``, ...) starts the message when given."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    start = f"{flag} " if flag else ""
+    if source.is_hub:
+        return BetaPRMInputError(
+            f"{start}{source.name}: the hub snapshot {source.path} is incomplete or damaged ({reason}); download it "
+            f"again online (`hf download {source.name} --revision {source.revision} --force-download`)"
+        )
+    return BetaPRMInputError(
+        f"{start}{source.path}: cannot load the model ({reason}); the folder needs config.json, the weights "
+        "(*.safetensors) and the tokenizer files, undamaged: save or copy the model there again"
+    )
+
+
 def _offline() -> bool:
     from huggingface_hub import constants  # see _snapshot
 
@@ -118,7 +156,7 @@ def _snapshot(name: str, revision: str | None, flag: str, files: str) -> Path:
     has no safetensors)."""
     # huggingface_hub takes a sixth of a second to import: loaded when a hub name is resolved,
     # not when the CLI starts (every path and --help works without it).
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -160,4 +198,14 @@ def _snapshot(name: str, revision: str | None, flag: str, files: str) -> Path:
         ) from None
     except HfHubHTTPError as e:
         raise BetaPRMInputError(f"{where}: the hub refused the download ({str(e).splitlines()[0][:200]})") from None
+    # The snapshot and its files (links to the cache's blobs) must lie inside the cache: a
+    # refs/ file that names a path would otherwise open a folder anywhere.
+    cache = Path(constants.HF_HUB_CACHE).expanduser().resolve()
+    files = path.iterdir() if path.is_dir() else ()
+    outside = [p for p in (path, *files) if not p.resolve().is_relative_to(cache)]
+    if outside:
+        raise BetaPRMInputError(
+            f"{where}: the hub cache's snapshot {path} leads outside the cache {cache} (to {outside[0].resolve()}); "
+            f"remove that entry from the cache (`hf cache rm model/{name}`) and download the model again"
+        )
     return path

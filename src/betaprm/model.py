@@ -33,7 +33,7 @@ from .card import write_model_card
 from .data.jsonl import BadJSON, decode_utf8, load_json_file, loads_strict
 from .errors import BetaPRMInputError
 from .formatting import DEFAULT_TEMPLATE, TraceFormat
-from .hub import ModelSource, resolve_model
+from .hub import ModelSource, resolve_model, unreadable_model
 from .provenance import version
 from .scoring import score_traces
 from .vision import is_vision_config, load_processor, processor_kwargs
@@ -221,29 +221,37 @@ class BetaPRM(nn.Module):
         ``processor=``, whose tokenizer is then the tokenizer). ``attn_implementation``
         (eager, sdpa, flash_attention_2, ...) goes to the backbone's ``from_pretrained``.
         """
+        from safetensors import SafetensorError
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         base_model = ""
-        if isinstance(model_or_path, (str, os.PathLike)):
+        if isinstance(model_or_path, (str, os.PathLike, ModelSource)):
             source = resolve_model(model_or_path, flag="from_backbone")
             path, base_model = str(source.path), source.name if source.is_hub else ""
-            vision = is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
-            auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-            backbone = auto.from_pretrained(
-                path,
-                trust_remote_code=trust_remote_code,
-                dtype=dtype,
-                use_safetensors=None,
-                **({"attn_implementation": attn_implementation} if attn_implementation else {}),
-            )
-            if tokenizer is None:
-                tokenizer = (
-                    processor.tokenizer
-                    if processor is not None
-                    else AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            # A folder without weights, a truncated file or a partial hub snapshot: transformers
+            # raises OSError or ValueError, safetensors its own error; each is the input's fault.
+            try:
+                vision = is_vision_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
+                auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+                backbone = auto.from_pretrained(
+                    path,
+                    trust_remote_code=trust_remote_code,
+                    dtype=dtype,
+                    use_safetensors=None,
+                    **({"attn_implementation": attn_implementation} if attn_implementation else {}),
                 )
-            if vision and processor is None:
-                processor = load_processor(path, tokenizer)
+                if tokenizer is None:
+                    tokenizer = (
+                        processor.tokenizer
+                        if processor is not None
+                        else AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+                    )
+                if vision and processor is None:
+                    processor = load_processor(path, tokenizer)
+            except BetaPRMInputError:
+                raise
+            except (OSError, ValueError, SafetensorError) as e:
+                raise unreadable_model(source, e) from None
         else:
             backbone = model_or_path
             vision = is_vision_config(backbone.config)
@@ -453,6 +461,11 @@ class BetaPRM(nn.Module):
                 f"{cfg_file}: auto_class {config.auto_class!r} is not a transformers AutoModel class"
             )
         damaged = "the checkpoint is damaged ({}); re-save it with save_pretrained, or re-train"
+        if source.is_hub:  # a partial or damaged download: the cure is a fresh one
+            damaged = (
+                "the hub snapshot is incomplete or damaged ({}); download it again online "
+                f"(`hf download {source.name} --revision {source.revision} --force-download`)"
+            )
         try:
             backbone = auto.from_pretrained(
                 path,
@@ -461,7 +474,7 @@ class BetaPRM(nn.Module):
                 use_safetensors=True,
                 **({"attn_implementation": attn_implementation} if attn_implementation else {}),
             )
-        except (OSError, SafetensorError) as e:
+        except (OSError, ValueError, SafetensorError) as e:  # ValueError: config.json missing
             weights = sorted(path.glob("model*.safetensors"))
             where = weights[0] if len(weights) == 1 else path / "model*.safetensors"
             raise BetaPRMInputError(
@@ -472,7 +485,7 @@ class BetaPRM(nn.Module):
             tokenizer = (tok_cls or transformers.AutoTokenizer).from_pretrained(
                 path, trust_remote_code=trust_remote_code
             )
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # ValueError (JSONDecodeError among them): tokenizer.json bad or missing
             raise BetaPRMInputError(f"{path}: cannot read the tokenizer files: " + damaged.format(e)) from None
         if config.tokenizer_probe_ids and _probe_ids(tokenizer) != config.tokenizer_probe_ids:
             raise BetaPRMInputError(
@@ -513,7 +526,7 @@ def load_prm(
     source = resolve_model(name_or_path, revision)
     kind = model_kind(source)
     if kind == "zero-shot":
-        prm = BetaPRM.from_backbone(str(source.path), trust_remote_code=trust_remote_code)
+        prm = BetaPRM.from_backbone(source, trust_remote_code=trust_remote_code)
         return prm.to(device).eval(), kind
     return BetaPRM.from_pretrained(source.path, trust_remote_code=trust_remote_code, device=device).eval(), kind
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import BetaPRMInputError
+from ..hub import resolve_model, unreadable_model
 from .base import Completion, GenerationRequest
 from .text import Sampling, TextFormat
 
@@ -54,10 +55,17 @@ class TransformersGenerator:
         dtype: str = "auto",
         **kwargs,
     ) -> TransformersGenerator:
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        # The same rules as every --model: a folder, or a hub name through the cache (a
+        # revision checked); a folder without weights or damaged files is the input's fault.
+        source = resolve_model(path, flag="--policy")
+        try:
+            tok = AutoTokenizer.from_pretrained(source.path)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype)
+        except (OSError, ValueError, SafetensorError) as e:
+            raise unreadable_model(source, e, "--policy") from None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(model.to(device).eval(), tok, fmt, sampling, **kwargs)
 

@@ -5,7 +5,6 @@ without loading them."""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from ..errors import BetaPRMInputError
@@ -165,9 +164,10 @@ class TrainConfig:
     )
     push_to_hub: str | None = _f(
         None,
-        "after training, upload the final BetaPRM (the same safetensors directory as --output-dir, without its "
-        "checkpoint-* folders) to this hub repository, NAME or OWNER/NAME, created if missing (needs a token: "
-        "`hf auth login` or HF_TOKEN)",
+        "after training, upload the final BetaPRM to this hub repository, NAME or OWNER/NAME: its weights, configs, "
+        "tokenizer files and model card only (not the checkpoint-* folders, train_summary.json, logs, plots or "
+        "rejects). The repository is created (if missing) before training starts, so a missing token or network "
+        "stops the run at once (a token: `hf auth login` or HF_TOKEN)",
     )
     hub_private: bool = _f(False, "with --push-to-hub: create the repository as private")
     license: str | None = _f(
@@ -261,8 +261,8 @@ class TrainConfig:
                 )
         if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
             problems.append(f"--max-grad-norm must be a finite number >= 0 (0: no clipping), got {self.max_grad_norm}")
-        if self.push_to_hub is not None and not re.fullmatch(r"([\w.-]+/)?[\w.-]+", self.push_to_hub):
-            problems.append(f"--push-to-hub must be NAME or OWNER/NAME, got {self.push_to_hub!r}")
+        if self.push_to_hub is not None:
+            problems += _repo_name_problems(self.push_to_hub)
         if self.freeze_layers < 0:
             problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
         if self.weight_decay < 0:
@@ -346,6 +346,21 @@ class TrainConfig:
     @property
     def reward_words(self) -> tuple[str, ...]:
         return tuple(w for w in self.reward_tokens.split(","))
+
+
+def _repo_name_problems(repo_id: str) -> list[str]:
+    """--push-to-hub checked by huggingface_hub's own rules before anything runs (the hub
+    would refuse a name such as OWNER/a--b only at the upload, after training)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # loaded only with --push-to-hub
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        return [
+            f"--push-to-hub must be NAME or OWNER/NAME as the hub allows them, got {repo_id[:120]!r}: "
+            f"{str(e).split(':')[0]}"
+        ]
+    return []
 
 
 def resolve_global_batch(cfg: TrainConfig, world: int) -> TrainConfig:

@@ -3,6 +3,9 @@ the end of a multi-process run's process group."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import torch.distributed as dist
 
 from ..card import license_of
@@ -32,13 +35,83 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 
-HUB_IGNORE = ["checkpoint-*", "runs/*", "rejects.jsonl", "*.lock"]
-"""What --push-to-hub leaves out of --output-dir: resumable checkpoints, logs, rejects."""
+HUB_FILES = [
+    "*.safetensors",  # the backbone's weights (one file or shards) and the kappa head
+    "model.safetensors.index.json",
+    "config.json",
+    "generation_config.json",
+    "betaprm_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "*.py",  # a trust_remote_code backbone's own modelling code
+    "README.md",
+]
+"""What --push-to-hub uploads from --output-dir (top-level files only): the model's weights
+and configs, its tokenizer and processor files, and the model card. Nothing else leaves:
+not the checkpoint-* folders, logs, plots or rejected records, nor train_summary.json, which
+holds the run's local paths (the card carries the data's fingerprint and the evaluation
+results)."""
+HUB_NOT_FILES = ["*/*"]  # huggingface_hub's patterns match across "/": subfolders kept out
+
+
+def hub_files(folder) -> list[str]:
+    """The files of ``folder`` that --push-to-hub uploads, relative to it: ``HUB_FILES``
+    matched by huggingface_hub's own filter, as ``upload_folder`` matches them."""
+    from huggingface_hub.utils import filter_repo_objects  # the hub client: loaded only for an upload
+
+    root = Path(folder)
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    return list(filter_repo_objects(files, allow_patterns=HUB_FILES, ignore_patterns=HUB_NOT_FILES))
+
+
+def upload_command(folder, repo_id: str) -> str:
+    """The ``hf upload`` command that sends what --push-to-hub would (``HUB_FILES``)."""
+    include = " ".join(f"--include {shlex.quote(p)}" for p in HUB_FILES)
+    return f"hf upload {repo_id} {shlex.quote(str(folder))} . {include} --exclude {shlex.quote(HUB_NOT_FILES[0])}"
+
+
+def open_hub_repo(repo_id: str, private: bool = False) -> str:
+    """Create (or find) the --push-to-hub repository before training, so that a run that
+    could not upload stops at its start, not after training: offline, without a token, or
+    refused by the hub, it is an input error. Returns the repository's URL."""
+    from huggingface_hub import HfApi, constants, get_token  # the hub client: loaded only for an upload
+
+    where = f"--push-to-hub {repo_id}"
+    if constants.HF_HUB_OFFLINE:
+        raise BetaPRMInputError(
+            f"{where}: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it, or train without --push-to-hub "
+            "and upload the model later with `hf upload`"
+        )
+    if get_token() is None:
+        raise BetaPRMInputError(f"{where}: no Hugging Face token; log in (`hf auth login`) or set HF_TOKEN")
+    try:
+        return str(HfApi().create_repo(repo_id, private=private, exist_ok=True))
+    except Exception as e:  # network, authentication, permissions, a name the hub refuses
+        raise BetaPRMInputError(
+            f"{where}: the hub did not create or open the repository ({_reason(e)}); check the network, the name "
+            "and that your token may write there"
+        ) from None
+
+
+def _reason(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
 def push_to_hub(folder, repo_id: str, private: bool = False) -> str:
-    """Upload the final BetaPRM directory (``HUB_IGNORE`` left out) to ``repo_id`` through
-    ``huggingface_hub``, creating the repository when missing; returns its URL."""
+    """Upload the final BetaPRM's files (``HUB_FILES``) from ``folder`` to ``repo_id``
+    through ``huggingface_hub``, creating the repository when missing; returns its URL."""
     from huggingface_hub import HfApi  # the hub client: loaded only for an upload
 
     api = HfApi()
@@ -47,13 +120,13 @@ def push_to_hub(folder, repo_id: str, private: bool = False) -> str:
         api.upload_folder(
             repo_id=repo_id,
             folder_path=str(folder),
-            ignore_patterns=HUB_IGNORE,
+            allow_patterns=HUB_FILES,
+            ignore_patterns=HUB_NOT_FILES,
             commit_message="betaprm train: final BetaPRM",
         )
     except Exception as e:  # network, authentication, permissions: the model is saved locally either way
         raise BetaPRMInputError(
-            f"--push-to-hub {repo_id}: the upload failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); the "
-            f"model is saved in {folder}: log in (`hf auth login` or HF_TOKEN) and upload it with `hf upload "
-            f"{repo_id} {folder}`"
+            f"--push-to-hub {repo_id}: the upload failed ({_reason(e)}); the model is saved in {folder}: log in "
+            f"(`hf auth login` or HF_TOKEN) and upload it with `{upload_command(folder, repo_id)}`"
         ) from None
     return str(url)

@@ -14,7 +14,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import TrainingArguments, set_seed
@@ -41,7 +40,7 @@ from .checks import batch_warnings
 from .config import TrainConfig, resolve_global_batch, uses_batch_rebalance
 from .dataset import CountsCollator, TokenBudgetBatchSampler, encode_records
 from .evaluate import card_results, eval_summary, plan_evaluation, undefined_metric_warning
-from .finish import card_of, push_to_hub
+from .finish import card_of, open_hub_repo, push_to_hub
 from .trainer import PRMTrainer
 
 logger = logging.getLogger(__name__)
@@ -56,24 +55,19 @@ def load_or_create(cfg: TrainConfig):
         return BetaPRM.from_pretrained(
             source.path, trust_remote_code=cfg.trust_remote_code, attn_implementation=cfg.attn_implementation
         )
-    try:
-        return BetaPRM.from_backbone(
-            cfg.model,
-            marker=cfg.marker,
-            reward_tokens=cfg.reward_words,
-            kappa_init=cfg.kappa_init,
-            kappa_min=cfg.kappa_min,
-            chat_template=cfg.chat_template,
-            marker_repeat=cfg.marker_repeat,
-            trust_remote_code=cfg.trust_remote_code,
-            attn_implementation=cfg.attn_implementation,
-        )
-    except (OSError, SafetensorError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BetaPRMInputError(
-            f"--model {cfg.model}: cannot load a model ({reason}); give a causal-LM directory (config.json, weights, "
-            "tokenizer), a BetaPRM checkpoint, or a Hugging Face hub id you can reach"
-        ) from None
+    # A folder without weights, damaged files or a partial snapshot are refused inside, as
+    # for every other command.
+    return BetaPRM.from_backbone(
+        source,
+        marker=cfg.marker,
+        reward_tokens=cfg.reward_words,
+        kappa_init=cfg.kappa_init,
+        kappa_min=cfg.kappa_min,
+        chat_template=cfg.chat_template,
+        marker_repeat=cfg.marker_repeat,
+        trust_remote_code=cfg.trust_remote_code,
+        attn_implementation=cfg.attn_implementation,
+    )
 
 
 def freeze_bottom(prm, n: int) -> int:
@@ -202,6 +196,8 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     grad_accum = _grad_accum(cfg, world) if not cfg.max_batch_tokens else None  # token budget: set below
     set_seed(cfg.seed)
     check_train_paths(cfg)  # nothing it reads is written over or deleted; everything it writes can be
+    if cfg.push_to_hub and rank == 0:  # a run that could not upload stops now, not after training
+        say(f"--push-to-hub: the repository {open_hub_repo(cfg.push_to_hub, cfg.hub_private)} is ready")
     refuse_used_output_dir(cfg, rank)  # before this run writes anything there
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
