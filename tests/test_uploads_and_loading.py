@@ -14,7 +14,7 @@ import pytest
 from betaprm.cli import main
 from betaprm.errors import BetaPRMInputError
 from betaprm.hub import resolve_model
-from betaprm.train import hub_files, upload_command
+from betaprm.train import hub_files, push_to_hub, upload_command
 
 from .helpers import make_counts, make_lm_dir, train_config
 from .test_hub import add_to_hub_cache
@@ -158,6 +158,10 @@ def test_a_repo_name_the_hub_refuses_stops_before_anything(name, tmp_path, capsy
     err = capsys.readouterr().err
     assert "--push-to-hub must be NAME or OWNER/NAME" in err and repr(name) in err and "Traceback" not in err
     assert not out.exists()
+    # nor does the upload itself (called from Python) try it or offer an `hf upload` that would fail
+    with pytest.raises(BetaPRMInputError) as refused:
+        push_to_hub(tmp_path, name)
+    assert "--push-to-hub must be NAME or OWNER/NAME" in str(refused.value) and "hf upload" not in str(refused.value)
 
 
 def test_a_repo_that_cannot_be_opened_stops_before_training(lm, tmp_path, capsys, monkeypatch):

@@ -74,6 +74,19 @@ def check_revision(revision: str, where: str) -> None:
     )
 
 
+def repo_id_problem(repo_id: str, flag: str = "--push-to-hub") -> str | None:
+    """Why the hub would refuse ``repo_id`` as a repository to create, by huggingface_hub's own
+    rules (letters, digits, ``-``, ``_``, ``.``; no ``--`` or ``..``; ...), or None."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # see _snapshot
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        reason = str(e).split(":")[0]  # without the name it repeats
+        return f"{flag} must be NAME or OWNER/NAME as the hub allows them, got {repo_id[:120]!r}: {reason}"
+    return None
+
+
 def is_hub_name(spec: str) -> bool:
     """Whether ``spec`` (revision already split off) could be a hub repository id."""
     return bool(_REPO_ID.fullmatch(spec)) and not spec.startswith(".") and ".." not in spec

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..errors import BetaPRMInputError
+from ..hub import repo_id_problem
 from ..options import field_problems
 from ..options import opt as _f
 from ..provenance import same_path
@@ -261,8 +262,8 @@ class TrainConfig:
                 )
         if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
             problems.append(f"--max-grad-norm must be a finite number >= 0 (0: no clipping), got {self.max_grad_norm}")
-        if self.push_to_hub is not None:
-            problems += _repo_name_problems(self.push_to_hub)
+        if self.push_to_hub is not None and (bad := repo_id_problem(self.push_to_hub)):  # before training
+            problems.append(bad)
         if self.freeze_layers < 0:
             problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
         if self.weight_decay < 0:
@@ -346,21 +347,6 @@ class TrainConfig:
     @property
     def reward_words(self) -> tuple[str, ...]:
         return tuple(w for w in self.reward_tokens.split(","))
-
-
-def _repo_name_problems(repo_id: str) -> list[str]:
-    """--push-to-hub checked by huggingface_hub's own rules before anything runs (the hub
-    would refuse a name such as OWNER/a--b only at the upload, after training)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id  # loaded only with --push-to-hub
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as e:
-        return [
-            f"--push-to-hub must be NAME or OWNER/NAME as the hub allows them, got {repo_id[:120]!r}: "
-            f"{str(e).split(':')[0]}"
-        ]
-    return []
 
 
 def resolve_global_batch(cfg: TrainConfig, world: int) -> TrainConfig:

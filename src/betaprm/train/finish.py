@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..card import license_of
 from ..errors import BetaPRMInputError
-from ..hub import resolve_model
+from ..hub import repo_id_problem, resolve_model
 from .config import TrainConfig
 
 
@@ -89,6 +89,8 @@ def open_hub_repo(repo_id: str, private: bool = False) -> str:
     from huggingface_hub import HfApi, constants, get_token  # the hub client: loaded only for an upload
 
     where = f"--push-to-hub {repo_id}"
+    if bad := repo_id_problem(repo_id):
+        raise BetaPRMInputError(bad)
     if constants.HF_HUB_OFFLINE:
         raise BetaPRMInputError(
             f"{where}: HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it, or train without --push-to-hub "
@@ -114,6 +116,8 @@ def push_to_hub(folder, repo_id: str, private: bool = False) -> str:
     through ``huggingface_hub``, creating the repository when missing; returns its URL."""
     from huggingface_hub import HfApi  # the hub client: loaded only for an upload
 
+    if bad := repo_id_problem(repo_id):  # refused here, never offered in the `hf upload` command below
+        raise BetaPRMInputError(bad)
     api = HfApi()
     try:
         url = api.create_repo(repo_id, private=private, exist_ok=True)
