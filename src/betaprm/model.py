@@ -212,7 +212,9 @@ class BetaPRM(nn.Module):
         attn_implementation: str | None = None,
     ) -> BetaPRM:
         """Wrap a causal LM or a vision-language model (an instance, or a local
-        directory / hub id) as a BetaPRM.
+        directory / hub id / resolved ``ModelSource``) as a BetaPRM. Files that cannot be read
+        (no weights, a truncated file, a partial hub snapshot) are a ``BetaPRMInputError``
+        naming the folder and the fix.
 
         Adds ``marker`` as a special token when the tokenizer lacks it (new embedding
         rows set to the mean of the existing ones) and resolves the two reward words to
