@@ -69,20 +69,29 @@ class ChatTemplateReader:
     the first and a later user message); ``prompt_ends``, the text after the last user
     message's content in a prompt with the generation prompt
     (``<|im_end|>\\n<|im_start|>assistant\\n``); ``user_suffix``, the text after a user
-    message's content wherever it stands (``<|im_end|>\\n``).
+    message's content wherever it stands (``<|im_end|>\\n``); ``user_opening``, the text before
+    the content of a conversation's first user message (``<|im_start|>user\\n``, or a default
+    system prompt and then that), and ``user_turns``, the texts from the end of an earlier
+    message's content to a user message's content (``<|im_end|>\\n<|im_start|>user\\n``). A
+    user's text may hold ``user_prefix`` itself ("A user: asked 2+3" with a ``user: `` template,
+    a literal ``<|im_start|>user\\n``); only an occurrence that the opening or a turn leads up to
+    starts a message.
     """
 
     def __init__(self, tokenizer=None, *, strip: Iterable[str] | None = None, keep: Iterable[str] = ()):
         self.user_prefix = ""
         self.user_suffix = ""
         self.prompt_ends: tuple[str, ...] = ()
+        self.user_opening = ""
+        self.user_turns: tuple[str, ...] = ()
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
             self._learn(tokenizer)
         tokens = set(special_tokens(tokenizer) if strip is None and tokenizer is not None else strip or ())
         tokens -= set(keep)
-        self._specials = (
-            re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))) if tokens else None
-        )
+        alternatives = "|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True))
+        self._specials = re.compile(alternatives) if tokens else None
+        # A run of special tokens (padding), matched in one call: no Python loop per token.
+        self._run = re.compile(f"(?:{alternatives})*" if tokens else "")
 
     @property
     def has_template(self) -> bool:
@@ -127,6 +136,13 @@ class ChatTemplateReader:
             starts = [prefix.find(t) for t in specials if t in prefix]
             prefix = prefix[min(starts) :] if starts else prefix
         self.user_prefix = prefix
+        self.user_opening = first[0] if first[0].endswith(prefix) else ""
+        # What leads from an earlier message's content (the assistant's, the system's) to a
+        # user's: the text between the two sentinels.
+        turns = [m.split(a, 1)[1].split(_U2, 1)[0] for a, m, x in zip((_AX, _AY), multi, later) if x and a in m]
+        if with_system is not None and _SYS in with_system[0]:
+            turns.append(with_system[0].split(_SYS, 1)[1])
+        self.user_turns = tuple(sorted(set(t for t in turns if t.endswith(prefix)), key=len, reverse=True))
         ends = [first[1]] + [x[1] for x in [with_system, *later] if x is not None]
         self.prompt_ends = tuple(sorted(set(e for e in ends if e), key=len, reverse=True))
         afters = [first[1]] + [x[1] for x in [no_gen, *later_first] if x is not None]
@@ -152,15 +168,37 @@ class ChatTemplateReader:
             if body.endswith(end):
                 body, ended = body[: len(body) - len(end)], True
                 break
-        i = body.rfind(self.user_prefix)
-        if i < 0:
+        start = self._last_user_start(body)
+        if start is None:
             return prompt  # not rendered with this template: plain text
-        content = body[i + len(self.user_prefix) :]
+        content = body[start:]
         if not ended and self.user_suffix:
-            j = content.find(self.user_suffix)
-            if j >= 0:
-                content = content[:j]
+            if content.endswith(self.user_suffix):  # a prompt without the generation prompt
+                content = content[: len(content) - len(self.user_suffix)]
+            else:
+                j = content.find(self.user_suffix)
+                if j >= 0:
+                    content = content[:j]
         return content
+
+    def _last_user_start(self, body: str) -> int | None:
+        """Where the content of the last user message of ``body`` starts: after the last
+        ``user_prefix`` that the template's opening (after any padding) or one of its turns
+        leads up to; after the first ``user_prefix`` when none does (a prompt cut at its
+        start), so that marker text inside a question never cuts it; None without one.
+        Linear in the prompt: each occurrence is checked against texts of fixed length."""
+        prefix, n = self.user_prefix, len(self.user_prefix)
+        opening = self.user_opening
+        lead = self._run.match(body).end()  # the padding before the opening
+        first, end = None, len(body)
+        while (i := body.rfind(prefix, 0, end)) >= 0:
+            c = i + n
+            if any(body.endswith(t, 0, c) for t in self.user_turns) or (
+                opening and body.endswith(opening, 0, c) and c - len(opening) <= lead
+            ):
+                return c
+            first, end = c, c - 1
+        return first
 
     def split(self, query: str) -> tuple[str, str] | None:
         """``(prompt, response)`` of a templated ``query`` (a prompt followed by its
@@ -179,14 +217,14 @@ class ChatTemplateReader:
         """The response in ``query`` (uncleaned): what follows ``prompt`` when the query
         starts with it (after any special tokens, the left padding of older OpenRLHF),
         else what follows the last generation prompt; ``None`` when neither is found."""
-        pos = 0
-        while True:
-            if query.startswith(prompt, pos):
-                return query[pos + len(prompt) :]
-            m = self._specials.match(query, pos) if self._specials is not None else None
-            if m is None or m.end() == pos:
-                break
-            pos = m.end()
+        if query.startswith(prompt):
+            return query[len(prompt) :]
+        # Padding and the prompt's own leading special tokens form one run at the query's
+        # start, so the prompt can only start where the run less the prompt's part of it ends:
+        # one comparison, not one per token of the run (quadratic on a long run).
+        pos = self._run.match(query).end() - self._run.match(prompt).end()
+        if pos > 0 and self._run.match(query, 0, pos).end() == pos and query.startswith(prompt, pos):
+            return query[pos + len(prompt) :]
         cut = self.split(query)
         return None if cut is None else cut[1]
 

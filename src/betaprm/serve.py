@@ -29,6 +29,14 @@ Every route checks, before anything else, the ``Host`` header against ``allowed_
 ``text/plain`` POST needs no CORS preflight, so any web page could make a browser send
 one). Bodies are read as they stream in and refused at ``max_request_bytes`` (413).
 
+Slow and hostile clients are bounded (``uvicorn_options``): a connection is closed when its
+request headers have not arrived within ``header_timeout`` (an idle socket included), at
+most ``max_connections`` are open (503 past them), a body must arrive whole within
+``body_timeout`` (408), the bodies held at once stop at ``max_buffered_bytes`` (503 for a
+body past its first MiB), a body's JSON values are counted before it is parsed (413 over
+``max_json_values``: millions of ``{}`` are never built), ``max_items`` is checked before
+any trace or query is read, and a client that leaves is one line in the log.
+
 Nothing slow runs on the event loop: a request's JSON is parsed and its images decoded in
 a worker thread, and its traces are checked for size before they are tokenised (more
 characters than ``max_positions * max_chars_per_token`` or more steps than positions can
@@ -42,11 +50,15 @@ it with the offline scorer (``score_token_ids``: packed by padded tokens, one fo
 score``'s. Bad requests get a 4xx status and a message, never a crash: malformed JSON or
 fields, text that is not valid Unicode or values out of range (400), a trace longer than
 the model's positions, a body over the cap or too many items (413).
+
+Over 400 lines because the routes share what ``create_app`` closes over: the batcher, the
+reader of chat prompts, the settings and the count of body bytes held.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -65,20 +77,27 @@ from .serve_requests import (
     Guard,
     RequestError,
     ServeOptions,
+    http_protocol,
+    json_values,
     longest_token_chars,
     number_field,
     parse_json,
     parse_trace,
+    peer,
     request_size,
     trace_chars,
 )
 from .types import StepScores
 from .vision import score_multimodal
 
-__all__ = ["ServeSettings", "create_app", "trace_scores"]
+__all__ = ["ServeSettings", "create_app", "trace_scores", "uvicorn_options"]
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_THREADS = 2
 """Threads that tokenise requests: one long trace leaves the other free for small ones."""
+SMALL_BODY = 2**20
+"""Bytes of a body never refused for ``max_buffered_bytes``: small requests pass while large ones wait."""
 
 
 @dataclass
@@ -105,6 +124,18 @@ def trace_scores(s: StepScores, lam: float, tau: float | None) -> dict:
     """The selectors' scores of one trace (``rb`` only with a sigma threshold)."""
     methods = [m for m in METHODS if m != "rb" or tau is not None]
     return {m: float(candidate_scores([s], m, lam, tau)[0]) for m in methods}
+
+
+def uvicorn_options(settings: ServeOptions) -> dict:
+    """``uvicorn.run``'s keyword arguments for serving with ``settings``: the header timeout
+    (``http_protocol``), at most ``max_connections`` connections, and SIGTERM answering the
+    requests in flight (up to 60 s) before the server stops."""
+    return {
+        "http": http_protocol(settings),
+        "limit_concurrency": settings.max_connections,
+        "log_level": "warning",
+        "timeout_graceful_shutdown": 60,
+    }
 
 
 class _Batcher:
@@ -218,6 +249,7 @@ def create_app(prm, settings: ServeSettings | None = None):
     """The FastAPI app serving ``prm`` (see the module docstring)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
+    from starlette.requests import ClientDisconnect
 
     settings = settings or ServeSettings()
     bad = settings.option_problems()
@@ -250,21 +282,86 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.exception_handler(RequestError)
     async def _refused(request, exc: RequestError):
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        # A body that stopped coming: nothing more is waited for on its connection. (After a
+        # 413 or 503 the rest of a body still coming is read and dropped, so that the client
+        # reads the answer rather than a reset; the header timeout bounds how long.)
+        headers = {"Connection": "close"} if exc.status == 408 else {"Retry-After": "1"} if exc.status == 503 else {}
+        return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
 
-    async def raw_body(request: Request) -> bytes:
+    buffered = 0  # bytes of the bodies being read or parsed, all requests together (event loop only: no lock)
+
+    async def raw_body(request: Request, held: list[int]) -> bytes:
+        """The body, read as it streams in: refused at ``max_request_bytes`` (413), when it
+        has not arrived whole within ``body_timeout`` (408), or when it would take the bodies
+        held at once past ``max_buffered_bytes`` (503); ``held[0]``: its bytes counted in
+        ``buffered``, for the caller to give back."""
+        nonlocal buffered
         cap = settings.max_request_bytes
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > cap:
             raise RequestError(413, f"request body of {length} bytes is over the server's {cap}")
-        # Read as it streams in and stopped at the cap: a chunked body has no length to check.
         chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > cap:
-                raise RequestError(413, f"request body of more than {cap} bytes is over the server's {cap}")
-            chunks.append(chunk)
+
+        async def read() -> None:
+            nonlocal buffered, n
+            # Stopped at the cap as it streams in: a chunked body has no length to check.
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > cap:
+                    raise RequestError(413, f"request body of more than {cap} bytes is over the server's {cap}")
+                if n > SMALL_BODY and buffered + len(chunk) > settings.max_buffered_bytes:
+                    raise RequestError(
+                        503,
+                        f"the server holds {settings.max_buffered_bytes} bytes of request bodies at once, and other "
+                        "requests' fill it now; send this one again shortly",
+                    )
+                buffered += len(chunk)
+                held[0] += len(chunk)
+                chunks.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), settings.body_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            log.warning(
+                "%s: %s's body did not arrive within --body-timeout %g s (%d bytes came): 408",
+                peer(request.client),
+                request.url.path,
+                settings.body_timeout,
+                n,
+            )
+            raise RequestError(
+                408, f"the request body did not arrive whole within {settings.body_timeout:g} s; send it faster"
+            ) from None
+        except ClientDisconnect:
+            # One line, not the traceback of an unhandled error: a client may hang up.
+            log.warning(
+                "%s went away before %s's body arrived (%d bytes came)", peer(request.client), request.url.path, n
+            )
+            raise RequestError(400, "the client went away before its body arrived") from None
         return b"".join(chunks)
+
+    async def parsed_body(request: Request, parse):
+        """``parse(raw)`` of the body, in a worker thread; its bytes count as held until then."""
+        nonlocal buffered
+        held = [0]
+        try:
+            raw = await raw_body(request, held)
+            return await asyncio.to_thread(parse, raw)
+        finally:
+            buffered -= held[0]
+
+    def parse_body(raw: bytes):
+        """The JSON, once its values are counted (a cheap scan): a body of millions of tiny
+        values is refused before one of them is built."""
+        cap = settings.max_json_values
+        n = json_values(raw, cap)
+        if n > cap:
+            raise RequestError(
+                413,
+                f"the body holds more than {cap} JSON values (array elements and object members), more than the "
+                "server reads in one request; send fewer items or steps per request",
+            )
+        return parse_json(raw)
 
     def check_count(n: int) -> None:
         if n > settings.max_items:
@@ -301,7 +398,7 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     def parse_score(raw: bytes):
         """In a worker thread: the JSON, and images decoded, off the event loop."""
-        body = parse_json(raw)
+        body = parse_body(raw)
         if not isinstance(body, dict):
             raise RequestError(400, "the body must be a JSON object: one trace {question, steps} or {items: [...]}")
         single = "items" not in body
@@ -317,7 +414,7 @@ def create_app(prm, settings: ServeSettings | None = None):
         return single, traces, names, lam, tau
 
     def parse_reward(raw: bytes):
-        body = parse_json(raw)
+        body = parse_body(raw)
         if not isinstance(body, dict) or not isinstance(body.get("query"), list):
             raise RequestError(
                 400,
@@ -326,6 +423,7 @@ def create_app(prm, settings: ServeSettings | None = None):
             )
         if not body["query"]:  # OpenRLHF's client sends empty lists to spare servers
             return [], []
+        check_count(len(body["query"]))  # before any query is read
         try:
             traces = reward_traces(
                 body["query"], body.get("prompts"), reader, settings.step_separator, settings.allow_no_prompts
@@ -366,8 +464,7 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.post("/v1/score")
     async def score(request: Request):
-        raw = await raw_body(request)
-        single, traces, names, lam, tau = await asyncio.to_thread(parse_score, raw)
+        single, traces, names, lam, tau = await parsed_body(request, parse_score)
         scores = await batcher.score(traces, names)
         results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]
         # A ready response: FastAPI's encoder would walk every float of every list again.
@@ -375,8 +472,7 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.post("/get_reward")
     async def get_reward(request: Request):
-        raw = await raw_body(request)
-        traces, names = await asyncio.to_thread(parse_reward, raw)
+        traces, names = await parsed_body(request, parse_reward)
         if not traces:
             return JSONResponse({"rewards": [], "scores": [], "step_rewards": []})
         scores = await batcher.score(traces, names)

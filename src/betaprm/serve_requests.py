@@ -1,7 +1,12 @@
-"""What the reward server checks of a request before anything reaches the model: the
-``Host`` header, the key and the content type of every request (``Guard``, an ASGI
-wrapper), and the JSON body, its text, numbers and images (``parse_json``, ``parse_trace``,
+"""What the reward server checks of a request before anything reaches the model: how long
+a connection takes to send its headers (``http_protocol``, uvicorn's protocol with a header
+timeout), the ``Host`` header, the key and the content type of every request (``Guard``, an
+ASGI wrapper), and the JSON body: how many values it holds before it is parsed
+(``json_values``), its text, numbers and images (``parse_json``, ``parse_trace``,
 ``image``). A refusal is a ``RequestError``: a 4xx status and a message for the client.
+
+Over 400 lines because these checks are the order a request meets them in, from its
+connection to its images, and each is short; split, they would import each other.
 """
 
 from __future__ import annotations
@@ -10,15 +15,20 @@ import base64
 import binascii
 import hmac
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from .image_files import ImageRefused, decode_image
 from .numeric import NumberRefused, json_float, number
 from .options import DEFAULT_MAX_BATCH_TOKENS
 from .options import opt as _f
 from .selection import METHODS, method_problems
+
+log = logging.getLogger(__name__)
 
 MAX_LAM = 100.0
 """|lam| at most: S_lin and S_RB weigh sigma (at most 0.5) and a fraction against mu in [0, 1]."""
@@ -38,6 +48,27 @@ class ServeOptions:
     max_wait_ms: float = _f(5.0, "how long the first queued trace waits for others to join its batch")
     max_items: int = _f(256, "traces per request at most (413 above)")
     max_request_bytes: int = _f(16 * 2**20, "request body size at most, in bytes (413 above)")
+    max_json_values: int = _f(
+        2**18,
+        "JSON values (array elements and object members) in one request body at most, counted before the body is "
+        "parsed (413 above): bounds the memory and time a body's parse can take",
+    )
+    header_timeout: float = _f(
+        10.0,
+        "seconds a connection may take to send a request's headers, from when it opens or from its previous "
+        "answer; then it is closed (idle sockets that never send a byte included)",
+    )
+    body_timeout: float = _f(
+        30.0, "seconds a request's body may take to arrive whole once its headers are in (408 and closed after)"
+    )
+    max_connections: int = _f(
+        512, "connections open at once at most: a request arriving while that many are open gets 503"
+    )
+    max_buffered_bytes: int = _f(
+        256 * 2**20,
+        "request body bytes held in memory at once, all requests together (bodies being read or parsed): a body "
+        "that would go over it is refused once past its first MiB (503, retry later); smaller ones never are",
+    )
     max_image_pixels: int = _f(
         DEFAULT_MAX_IMAGE_PIXELS,
         "pixels per image at most, checked before decoding (vision-language models; 400 above)",
@@ -72,6 +103,11 @@ class ServeOptions:
         bad += method_problems(self.aggregate, self.tau, "--aggregate")
         if not self.step_separator:
             bad.append("--step-separator must not be empty")
+        if min(self.max_json_values, self.max_connections, self.max_buffered_bytes) < 1:
+            bad.append("--max-json-values, --max-connections and --max-buffered-bytes must be >= 1")
+        for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout)):
+            if not 0 < seconds < math.inf:  # a comparison: math.isfinite overflows on a huge integer
+                bad.append(f"{flag} must be a number of seconds > 0, got {seconds}")
         return bad
 
 
@@ -162,6 +198,34 @@ def parse_json(raw: bytes):
                 400, f"{where} holds a lone surrogate escape (\\ud800-\\udfff without its pair): not text; remove it"
             )
     return body
+
+
+_COUNTED_CHUNK = 2**18
+
+
+def json_values(raw: bytes, stop: int) -> int:
+    """How many values the JSON text ``raw`` holds in its arrays and objects (its ``,``,
+    ``{`` and ``[`` outside strings: elements and members, an empty container counting
+    one), counted without parsing it and stopping soon after ``stop`` is passed. A body of
+    16 MiB holds millions of ``{}``, tens of bytes each once parsed: the count refuses it
+    first, in about 0.1 s, in numpy (which lets go of the GIL while it works)."""
+    upper = raw.count(b",") + raw.count(b"{") + raw.count(b"[")  # strings' commas too: most bodies end here
+    if upper <= stop:
+        return upper
+    # Escapes out, left to right as JSON reads them (backslash pairs, then backslash-quotes): every
+    # quote left opens or closes a string, so a running count of quotes tells what is inside one.
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    a = np.frombuffer(text, np.uint8)
+    n, inside = 0, 0
+    for i in range(0, len(a), _COUNTED_CHUNK):
+        c = a[i : i + _COUNTED_CHUNK]
+        parity = (np.cumsum(c == ord('"'), dtype=np.uint8) + inside) & 1  # 1 inside a string (mod 256 is enough)
+        structural = (c == ord(",")) | (c == ord("{")) | (c == ord("["))
+        n += int(np.count_nonzero(structural & (parity == 0)))
+        inside = int(parity[-1])
+        if n > stop:
+            break
+    return n
 
 
 MAX_IMAGES = 16
@@ -278,6 +342,77 @@ class Guard:
                 await JSONResponse({"error": refused[1]}, status_code=refused[0])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+MAX_HEADER_BYTES = 64 * 2**10
+"""Bytes a request's line and headers may take; a connection sending more is closed."""
+
+
+def peer(client) -> str:
+    """A client's address for the log: ``host:port``."""
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+def http_protocol(settings: ServeOptions):
+    """uvicorn's HTTP protocol (httptools when installed, else h11, as uvicorn picks) that
+    closes a connection whose request line and headers have not arrived within
+    ``header_timeout`` seconds of its opening or of its previous answer, or pass
+    ``MAX_HEADER_BYTES``. uvicorn has no such timeout: its keep-alive timer starts only
+    after an answer and stops at the next byte, so a socket that never sends one, or
+    sends its headers a byte a minute, stayed open for good."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class Protocol(AutoHTTPProtocol):
+        _headers_due = None
+        _header_bytes = 0
+
+        def _awaiting_headers(self) -> bool:
+            # uvicorn starts a request's cycle when its headers are complete.
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            if self._headers_due is not None:
+                self._headers_due.cancel()
+            self._header_bytes = 0
+            self._headers_due = self.loop.call_later(settings.header_timeout, self._headers_late)
+
+        def _headers_late(self) -> None:
+            if self._awaiting_headers() and not self.transport.is_closing():
+                log.warning(
+                    "closed the connection of %s: no request headers within --header-timeout %g s",
+                    peer(self.client),
+                    settings.header_timeout,
+                )
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self._headers_due is not None:
+                self._headers_due.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self._awaiting_headers()
+            super().data_received(data)
+            if waiting and self._awaiting_headers() and not self.transport.is_closing():
+                self._header_bytes += len(data)
+                if self._header_bytes > MAX_HEADER_BYTES:
+                    log.warning(
+                        "closed the connection of %s: request headers over %d bytes",
+                        peer(self.client),
+                        MAX_HEADER_BYTES,
+                    )
+                    self.transport.close()
+
+    return Protocol
 
 
 def longest_token_chars(tokenizer) -> int:

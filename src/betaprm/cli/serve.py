@@ -36,6 +36,11 @@ Only Host headers naming the loopback address with the port are answered (a web 
 reach the server through DNS rebinding); on 0.0.0.0 or behind a reverse proxy, list the host
 names clients use with --allowed-hosts. POST bodies must be 'Content-Type: application/json'.
 
+Slow and hostile clients are bounded: a connection must send its headers within
+--header-timeout and a body within --body-timeout, at most --max-connections are open, the
+bodies held at once stop at --max-buffered-bytes, and a body's JSON values are counted
+(--max-json-values) before it is parsed; a client that leaves is one line in the log.
+
   curl -s localhost:8000/v1/score -H 'content-type: application/json' \\
        -d '{"question": "what is 3 + 4?", "steps": ["3 + 4 = 7", "The answer is 7"]}'"""
 
@@ -120,7 +125,7 @@ def run(args):
     try:
         import uvicorn
 
-        from ..serve import ServeSettings, create_app
+        from ..serve import ServeSettings, create_app, uvicorn_options
     except ImportError as e:
         raise BetaPRMInputError(
             f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'"
@@ -145,5 +150,5 @@ def run(args):
     )
     app = create_app(prm, settings)
     # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops.
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=60)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, **uvicorn_options(settings))
     return 0
