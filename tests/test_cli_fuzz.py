@@ -73,6 +73,7 @@ def inputs(tmp_path_factory):
     trl = [{"prompt": "add", "completions": ["1 + 2 = 3", "3 + 4 = 8"], "labels": [True, False]}] * 3
     (root / "trl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trl))
     (root / "a-file").write_text("x\n")
+    (root / "opts.yaml").write_text("{}\n")  # a --config file of no options
     (root / "loop").symlink_to(root / "loop")
     return root
 
@@ -157,9 +158,17 @@ def _cases(i: Path, o: Path):
             for v in HOSTILE_INTS if is_int else HOSTILE_FLOATS:
                 yield command, f"{flag} {v[:12]}", {flag: v}
         own = _own_input(base)
+        model = base.get("--model")
         for flag in _path_flags(command, cls, OUTPUT_FIELDS):
+            if cls is not None:  # the options' --config file is an input too
+                yield (
+                    command,
+                    f"{flag} its --config file",
+                    {"--config": str(i / "opts.yaml"), flag: str(i / "opts.yaml")},
+                )
             for what, path in (
                 *((("its input", own), ("a link to its input", "LINK")) if own else ()),
+                *((("a file of its model", str(Path(model) / "config.json")),) if model else ()),
                 ("under a file", str(i / "a-file" / "x")),
                 ("a folder refusing files", "/proc/betaprm-fuzz/x"),
             ):

@@ -406,17 +406,40 @@ def _write_problem(flag: str, path, folder: bool) -> str | None:
     return None
 
 
+def config_file_of(cfg) -> tuple[str, str | None]:
+    """``("--config", FILE)``: the config file a command's options came from (None: none),
+    an input of the command like its data (``cli.flags.config_from_args`` records it)."""
+    return ("--config", getattr(cfg, "config_file", None))
+
+
+def _in_folder(path, folder) -> bool:
+    """Whether ``path`` is a file that exists inside the existing folder ``folder``, or
+    would be made there: writing it writes into that folder."""
+    f = Path(str(folder))
+    if not f.is_dir():
+        return False
+    p, r = resolved(Path(str(path))), resolved(f)
+    return p != r and p.is_relative_to(r)
+
+
 def check_paths(inputs=(), outputs=(), folders=()) -> None:
     """Refuse, before any work starts, an output that would clobber an input or another
     output, or that cannot be written. ``inputs``, ``outputs`` (files) and ``folders``
     (written into: plots) are ``(flag, path)`` pairs; None paths are left out. An output
     is compared by ``same_path`` with every input and every other output (a plot file's
-    flag is written ``--plots (NAME)``)."""
+    flag is written ``--plots (NAME)``); an output that is an existing file inside an input
+    folder (a model's ``config.json``) is refused unless it is a betaprm output (with its
+    sidecar), which a rerun resumes."""
     inputs = [(f, p) for f, p in inputs if p]
     outputs = [(f, p) for f, p in outputs if p]
     folders = [(f, p) for f, p in folders if p]
     for i, (flag, path) in enumerate(outputs):
         for iflag, ipath in inputs:
+            if Path(str(path)).is_file() and not meta_path(path).is_file() and _in_folder(path, ipath):
+                raise BetaPRMInputError(
+                    f"{flag} {path}: is a file of the input {iflag} {ipath}; writing it would change the input; fix: "
+                    f"give {flag.split(' ')[0]} a path outside {ipath}"
+                )
             if same_path(path, ipath):
                 raise BetaPRMInputError(
                     f"{flag} {path}: is the input {iflag} {ipath}; writing it would destroy the input; fix: give "

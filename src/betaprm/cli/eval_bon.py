@@ -23,7 +23,15 @@ from ..evaluation.bon import (
 )
 from ..generation.factory import api_key_problems, read_api_key
 from ..options import opt as _f
-from ..provenance import check_paths, fingerprint, model_fingerprint, rejects_path, settings_of, write_result
+from ..provenance import (
+    check_paths,
+    config_file_of,
+    fingerprint,
+    model_fingerprint,
+    rejects_path,
+    settings_of,
+    write_result,
+)
 from .flags import add_config_args, config_from_args
 from .scoring_options import ScoringOptions
 
@@ -130,7 +138,7 @@ def run(args):
     cfg = config_from_args(EvalBonConfig, args)
     paths = pool_paths(cfg)
     check_paths(
-        [*(("--pools", p) for p in paths), ("--model", cfg.model)],
+        [*(("--pools", p) for p in paths), ("--model", cfg.model), config_file_of(cfg)],
         [
             ("--out", cfg.out),
             *(("--pools (rejects)", rejects_path(p)) for p in paths if cfg.on_error == "skip"),

@@ -351,4 +351,7 @@ def config_from_args(cls, ns: argparse.Namespace):
         raise
     if numbers:  # nan or inf in an option whose config has no check of its own
         raise non_finite
+    # Read by the command's path checks (provenance.config_file_of): the file is an input,
+    # which no output may write over.
+    config.config_file = getattr(ns, "config", None)
     return config

@@ -11,7 +11,7 @@ from ..errors import BetaPRMInputError
 from ..generation.factory import RUNTIME_SETTINGS, build_generator
 from ..label import LabelItem, label_traces, read_traces
 from ..options import opt as _f
-from ..provenance import OutputOptions, check_paths, fingerprint, open_output, settings_of
+from ..provenance import OutputOptions, check_paths, config_file_of, fingerprint, open_output, settings_of
 from ..synth import SynthPolicy, World, WorldConfig, synth_answer, synth_is_correct
 from .flags import add_config_args, config_from_args
 from .problems import GenerationOptions
@@ -87,7 +87,7 @@ def result_settings(cfg) -> dict:
 def run(args):
     cfg = config_from_args(LabelConfig, args)
     check_paths(
-        [("--input", cfg.input), ("--policy", cfg.policy), ("--world-config", cfg.world_config)],
+        [("--input", cfg.input), ("--policy", cfg.policy), ("--world-config", cfg.world_config), config_file_of(cfg)],
         [("--out", cfg.out), ("--failed", failed_path(cfg))],
     )
     # Checked (and locked) before the policy loads: a wrong resume stops at once.

@@ -17,7 +17,15 @@ from ..errors import BetaPRMInputError
 from ..generation.factory import BACKEND_HELP, RUNTIME_SETTINGS, BackendOptions, build_generator
 from ..image_files import ImageRefused, read_image, resolve_image
 from ..options import opt as _f
-from ..provenance import OutputOptions, check_paths, fingerprint, model_fingerprint, open_output, settings_of
+from ..provenance import (
+    OutputOptions,
+    check_paths,
+    config_file_of,
+    fingerprint,
+    model_fingerprint,
+    open_output,
+    settings_of,
+)
 from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
 from ..synth.experiment import split_seeds
 from ..types import Task
@@ -116,6 +124,7 @@ def run_with_output(cfg, run, not_results=NOT_RESULTS):
             ("--world-config", cfg.world_config),
             ("--baseline", getattr(cfg, "baseline", None)),
             *(("--frontier", f) for f in frontier),
+            config_file_of(cfg),
         ],
         [
             ("--out", cfg.out),

@@ -5,7 +5,15 @@ from dataclasses import dataclass
 from ..errors import BetaPRMInputError
 from ..hub import resolve_model
 from ..options import opt
-from ..provenance import OutputOptions, check_paths, model_fingerprint, open_output, rejects_path, settings_of
+from ..provenance import (
+    OutputOptions,
+    check_paths,
+    config_file_of,
+    model_fingerprint,
+    open_output,
+    rejects_path,
+    settings_of,
+)
 from .flags import add_config_args, config_from_args
 from .scoring_options import ScoringOptions
 
@@ -86,7 +94,7 @@ def run(args):
     # Before the model loads: an output that is the input (or the rejects file) would be
     # cut, appended to or replaced by this run.
     check_paths(
-        [("--input", cfg.input), ("--model", cfg.model)],
+        [("--input", cfg.input), ("--model", cfg.model), config_file_of(cfg)],
         [("--output", cfg.output), ("--rejects", rejects if cfg.on_error == "skip" else None)],
     )
     source = resolve_model(cfg.model)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..formatting import TRUNCATE_MODES
 from ..options import DEFAULT_MAX_BATCH_TOKENS, opt
-from ..provenance import check_paths, fingerprint, model_fingerprint, settings_of, write_result
+from ..provenance import check_paths, config_file_of, fingerprint, model_fingerprint, settings_of, write_result
 
 
 @dataclass
@@ -90,4 +90,8 @@ def check_eval_outputs(cfg, plot_files=()) -> None:
     loads: an unwritable path, or one that is --data or --model, would otherwise fail
     after the whole evaluation, losing its results."""
     plots = [(f"--plots ({name})", f"{cfg.plots}/{name}") for name in plot_files] if cfg.plots else []
-    check_paths([("--data", cfg.data), ("--model", cfg.model)], [("--out", cfg.out), *plots], [("--plots", cfg.plots)])
+    check_paths(
+        [("--data", cfg.data), ("--model", cfg.model), config_file_of(cfg)],
+        [("--out", cfg.out), *plots],
+        [("--plots", cfg.plots)],
+    )

@@ -17,7 +17,16 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..errors import BetaPRMInputError
 from ..model import CONFIG_NAME
-from ..provenance import check_paths, differences, fingerprint, model_fingerprint, resolved, same_path, settings_of
+from ..provenance import (
+    check_paths,
+    config_file_of,
+    differences,
+    fingerprint,
+    model_fingerprint,
+    resolved,
+    same_path,
+    settings_of,
+)
 from .config import BEST_METRICS, TrainConfig, uses_batch_rebalance
 
 logger = logging.getLogger(__name__)
@@ -167,12 +176,12 @@ def check_train_paths(cfg: TrainConfig) -> None:
     ``checkpoint-*`` folders, the rejects file, the plots. Deletes: the Trainer's rotation
     removes this run's older ``checkpoint-*``; ``--overwrite-output-dir`` removes an earlier
     run's checkpoints, BetaPRM config and summary. Reads: ``--model`` (a folder),
-    ``--data``, ``--eval-data``. Nothing read may be deleted or written over: a model
+    ``--data``, ``--eval-data``, ``--config``. Nothing read may be deleted or written over: a model
     continued in its own folder with ``--overwrite-output-dir`` would lose its BetaPRM config
     before it is read, and a data file that is the default rejects file would become its
     own rejected lines."""
     out = Path(cfg.output_dir)
-    inputs = [("--data", cfg.data), ("--eval-data", cfg.eval_data)]
+    inputs = [("--data", cfg.data), ("--eval-data", cfg.eval_data), config_file_of(cfg)]
     model = Path(str(cfg.model)).expanduser()
     local_model = model.exists()
     if local_model:

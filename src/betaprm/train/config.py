@@ -266,6 +266,10 @@ class TrainConfig:
             problems.append(bad)
         if self.freeze_layers < 0:
             problems.append(f"--freeze-layers must be >= 0, got {self.freeze_layers}")
+        if self.dataloader_num_workers < 0:
+            problems.append(
+                f"--dataloader-num-workers must be >= 0 (0: the main process loads), got {self.dataloader_num_workers}"
+            )
         if self.weight_decay < 0:
             problems.append(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.freeze_layers and self.lora_r > 0:
