@@ -13,6 +13,7 @@ characters (``shown``): a message never prints a whole value, however large.
 from __future__ import annotations
 
 import math
+import reprlib
 
 from .errors import BetaPRMInputError
 
@@ -41,17 +42,21 @@ def _digits(n: int) -> int:
     return max(1, int(abs(n).bit_length() * math.log10(2)) + 1)
 
 
+# repr cut while it is made: 3 levels of 5 items at most, text and numbers cut, so the work
+# is bounded too (a YAML value of nested aliases has billions of items behind a few bytes).
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 5, 5, 5, 5
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = MAX_SHOWN
+
+
 def shown(value, limit: int = MAX_SHOWN) -> str:
-    """``value`` for a message, at most ``limit`` characters: a number or text by its repr
-    (cut), a large integer by its size, anything else by its type only (turning a nested
-    value into text can take gigabytes)."""
+    """``value`` for a message, at most ``limit`` characters: its repr, cut (``reprlib``:
+    a nested value is never walked whole), a large integer by its number of digits."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 200:
         return f"an integer of {_digits(value)} digits"
-    if isinstance(value, str):
-        text = repr(value[: limit + 1])
-    elif value is None or isinstance(value, (bool, int, float)):
-        text = repr(value)
-    else:
+    try:
+        text = _REPR.repr(value[: limit + 1] if isinstance(value, str) else value)
+    except ValueError:  # repr of an integer over 4300 digits inside a list
         return f"a {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -105,7 +110,7 @@ def number(
         raise refuse()
     if isinstance(x, int):
         if x.bit_length() > MAX_INT_BITS:  # a range's bound says enough; else say why
-            raise refuse(None if high is not None else f"{shown(value)}, larger than any count or setting (2**63)")
+            raise refuse(shown(x) + ("" if high is not None else ", larger than any count or setting (2**63)"))
     elif not math.isfinite(x):
         raise refuse()
     else:

@@ -15,6 +15,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..numeric import shown
+
 __all__ = ["PRM_CONFIG_KEYS", "from_file_keys", "training_arguments_fields"]
 
 PRM_CONFIG_KEYS = {
@@ -66,10 +68,11 @@ def _brief(f) -> str:
 
 
 def _warn(path: str, key: str, value, what: str) -> None:
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    # numeric.shown: a bounded text of any value (repr of a nested one can be gigabytes)
+    text = shown(value, 40)
     if any(word in key for word in ("token", "secret", "key")):  # hub_token: never echoed
-        shown = "(value not shown)"
-    print(f"betaprm: warning: --config {path}: {key}: {shown} is not used by betaprm train ({what})", file=sys.stderr)
+        text = "(value not shown)"
+    print(f"betaprm: warning: --config {path}: {key}: {text} is not used by betaprm train ({what})", file=sys.stderr)
 
 
 def from_file_keys(cls, values: dict, path: str) -> dict:
