@@ -261,3 +261,24 @@ def test_the_harness_finds_every_numeric_option_of_train():
     assert {"--learning-rate", "--max-steps", "--lambda-reg", "--kappa-min", "--max-length"} <= set(flags)
     assert flags["--max-steps"] is True and flags["--learning-rate"] is False
     assert os.path.basename(__file__) == "test_cli_fuzz.py"
+
+
+@pytest.mark.parametrize(
+    "command, flag",
+    [
+        ("aca", "--n-problems"),
+        ("search", "--n-problems"),
+        ("label", "--n-problems"),
+        ("aca", "--top-k"),
+        ("search", "--max-new-tokens"),
+        ("train", "--dataloader-num-workers"),
+        ("eval-bon", "--seed"),
+    ],
+)
+def test_a_negative_count_is_refused_at_start(inputs, tmp_path, capsys, command, flag):
+    """Fails before this change: these were accepted (a run of no problems, numpy's or the
+    data loader's ValueError traceback, or a sampler told to keep -1 tokens)."""
+    argv = _argv(command, _bases(inputs, tmp_path)[command], {flag: "-1"})
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err

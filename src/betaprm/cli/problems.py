@@ -65,6 +65,8 @@ class ProblemOptions(OutputOptions):
 
     def problem_checks(self) -> list[str]:
         bad = self.backend_problems() + self.batch_problems()
+        if self.n_problems < 1:
+            bad.append(f"--n-problems must be >= 1, got {self.n_problems}")
         if self.problems is None and self.backend != "synth":
             bad.append(
                 f"--backend {self.backend} needs --problems (text problems); the chain-arithmetic world is generated "

@@ -132,6 +132,10 @@ class BackendOptions:
             bad.append(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             bad.append(f"--top-p must be a probability in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.max_new_tokens < 1:
+            bad.append(
+                f"--top-k must be >= 0 (0: off) and --max-new-tokens >= 1, got {self.top_k} and {self.max_new_tokens}"
+            )
         if self.gen_batch_size < 1 or self.gen_max_batch_tokens < 1:
             bad.append(
                 f"--gen-batch-size and --gen-max-batch-tokens must be >= 1, got {self.gen_batch_size} and "
