@@ -21,6 +21,9 @@ from .test_serve import free_port, prm_dir  # noqa: F401  (prm_dir: the tiny Bet
 
 HEADER_TIMEOUT, BODY_TIMEOUT, MAX_CONNECTIONS, MAX_BUFFERED = 2, 3, 8, 8 * 2**20
 
+if os.name != "posix":  # pragma: no cover - /proc and signals
+    pytestmark = pytest.mark.skip("POSIX only")
+
 
 class LoggedServer:
     """``betaprm serve`` in its own process, its stderr in a file that can be read while it
@@ -186,22 +189,46 @@ def test_a_client_that_hangs_up_is_one_log_line(edge):
 
 def test_bodies_held_at_once_are_capped_and_small_requests_pass(edge):
     """While a slow client holds 6 MiB of its body, a 3 MiB one would take the bodies held
-    past --max-buffered-bytes (8 MiB): 503 with Retry-After, at once; a small request is
-    answered meanwhile, and the large one is once the slow body is gone (408). Fails on
-    the code before this change: every body was held whatever the others (the flag did
-    not exist)."""
-    slow = socket.create_connection(("127.0.0.1", edge.port))
-    slow.sendall(edge.head("/v1/score", 7 * 2**20) + b" " * (6 * 2**20))
-    time.sleep(0.5)  # read by the server, held
+    past --max-buffered-bytes (8 MiB): 503 with Retry-After, at once (the rest of it is read
+    and dropped); a small request is answered meanwhile, and the large one is once the slow
+    body is gone (408). Fails on the code before this change: every body was held whatever
+    the others (the flag did not exist)."""
     big = json.dumps({**SMALL, "padding": "x" * (3 * 2**20)}).encode()
-    t0 = time.perf_counter()
-    status, res, headers = edge.request("POST", "/v1/score", raw=big)
-    assert status == 503 and "send this one again shortly" in res["error"], res
-    assert headers.get("retry-after") == "1" and time.perf_counter() - t0 < BODY_TIMEOUT
-    assert edge.request("POST", "/v1/score", SMALL)[0] == 200
-    assert closed_within(slow, BODY_TIMEOUT + 15) is not None  # its 408
-    slow.close()
+    with socket.create_connection(("127.0.0.1", edge.port)) as slow:
+        slow.sendall(edge.head("/v1/score", 7 * 2**20) + b" " * (6 * 2**20))
+        time.sleep(0.5)  # read by the server, held
+        t0 = time.perf_counter()
+        status, res, headers = edge.request("POST", "/v1/score", raw=big)
+        assert status == 503 and "send this one again shortly" in res["error"], res
+        assert headers.get("retry-after") == "1" and time.perf_counter() - t0 < BODY_TIMEOUT
+        assert edge.request("POST", "/v1/score", SMALL)[0] == 200
+        assert closed_within(slow, BODY_TIMEOUT + 15) is not None  # its 408
     assert edge.request("POST", "/v1/score", raw=big)[0] == 200
+
+
+def test_headers_over_64_kib_close_the_connection_and_bodies_do_not_count(edge):
+    """A request whose line and headers pass 64 KiB is closed (one log line), before the
+    server has gathered much of it; a body is no header, however it arrives: its last
+    200 KiB in one read are answered. Fails on the code before this change: httptools
+    gathered a header of any size (200 MB in 45 s, growing, on one connection)."""
+    with socket.create_connection(("127.0.0.1", edge.port)) as s:
+        s.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{edge.port}\r\nX-Pad: ".encode())
+        sent = 0
+        try:
+            while sent < 8 * 2**20:
+                s.sendall(b"a" * 2**16)
+                sent += 2**16
+        except OSError:
+            pass  # closed
+        assert closed_within(s, 15) is not None and sent < 8 * 2**20
+    assert "request headers over 65536 bytes" in wait_for_log(edge, "request headers over 65536 bytes")
+    body = json.dumps({**SMALL, "padding": "x" * 2**20}).encode()
+    with socket.create_connection(("127.0.0.1", edge.port)) as s:
+        s.sendall(edge.head("/v1/score", len(body)) + body[: -200 * 2**10])
+        time.sleep(0.3)  # read: the rest comes in one piece
+        s.sendall(body[-200 * 2**10 :])
+        s.settimeout(30)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
 
 
 def test_a_body_of_millions_of_tiny_values_is_refused_before_it_is_parsed(edge):
@@ -359,5 +386,32 @@ def test_server_edges_run_concurrently_without_errors(edge):
     assert amp == 413 and not errors and statuses and set(statuses) == {200}, (errors, set(statuses))
 
 
-if os.name != "posix":  # pragma: no cover - /proc and signals
-    pytestmark = pytest.mark.skip("POSIX only")
+# ---------------------------------------------------------------- benchmarks/hostile_clients.py
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "hostile_clients.py")
+
+
+def test_the_hostile_clients_benchmark_explains_itself_and_refuses_bad_phases():
+    """Its --help names the runs before and after; an unknown phase is exit 2 (argparse),
+    before anything starts."""
+    done = subprocess.run([sys.executable, BENCH, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--git-rev" in done.stdout and "--before-src" in done.stdout
+    done = subprocess.run([sys.executable, BENCH, "--phases", "nap"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--phases must name some of" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_hostile_clients_benchmark_runs_small(tmp_path):
+    """Every hostile client at once against this checkout's server, small and short: the
+    table and the JSON come out, small requests are answered 200, the log holds no
+    traceback."""
+    out = tmp_path / "run.json"
+    argv = [sys.executable, BENCH, "--phases", "all", "--seconds", "3", "--small-clients", "2"]
+    argv += ["--slow-clients", "2", "--slow-mb", "1.5", "--idle", "2", "--amplifiers", "1", "--amplifier-mb", "1"]
+    argv += ["--near-clients", "1", "--near-mib", "0.2", "--json", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| all | after |" in done.stdout
+    r = json.loads(out.read_text())["results"]["all"]["after"]
+    assert r["small_requests"] > 0 and r["small_not_200"] == 0 and r["log_tracebacks"] == 0, r
+    assert set(r["hostile"]) == {"slow-bodies", "idle-sockets", "amplifying-json", "near-prompts"}

@@ -217,13 +217,11 @@ class ChatTemplateReader:
         """The response in ``query`` (uncleaned): what follows ``prompt`` when the query
         starts with it (after any special tokens, the left padding of older OpenRLHF),
         else what follows the last generation prompt; ``None`` when neither is found."""
-        if query.startswith(prompt):
-            return query[len(prompt) :]
-        # Padding and the prompt's own leading special tokens form one run at the query's
-        # start, so the prompt can only start where the run less the prompt's part of it ends:
-        # one comparison, not one per token of the run (quadratic on a long run).
-        pos = self._run.match(query).end() - self._run.match(prompt).end()
-        if pos > 0 and self._run.match(query, 0, pos).end() == pos and query.startswith(prompt, pos):
+        # The prompt's first occurrence, which only special tokens may precede: one search
+        # (linear in CPython), not one comparison per token of the padding (quadratic on a
+        # long run of them).
+        pos = query.find(prompt)
+        if pos == 0 or (pos > 0 and self._run.match(query, 0, pos).end() == pos):
             return query[pos + len(prompt) :]
         cut = self.split(query)
         return None if cut is None else cut[1]

@@ -283,8 +283,8 @@ def create_app(prm, settings: ServeSettings | None = None):
     @app.exception_handler(RequestError)
     async def _refused(request, exc: RequestError):
         # A body that stopped coming: nothing more is waited for on its connection. (After a
-        # 413 or 503 the rest of a body still coming is read and dropped, so that the client
-        # reads the answer rather than a reset; the header timeout bounds how long.)
+        # 413 or 503 the rest of a body still coming is read and dropped, not kept, so that
+        # the client reads the answer rather than a reset; the header timeout bounds how long.)
         headers = {"Connection": "close"} if exc.status == 408 else {"Retry-After": "1"} if exc.status == 503 else {}
         return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
 
@@ -340,13 +340,20 @@ def create_app(prm, settings: ServeSettings | None = None):
             raise RequestError(400, "the client went away before its body arrived") from None
         return b"".join(chunks)
 
+    large = asyncio.Semaphore(1)
+
     async def parsed_body(request: Request, parse):
-        """``parse(raw)`` of the body, in a worker thread; its bytes count as held until then."""
+        """``parse(raw)`` of the body, in a worker thread; its bytes count as held until then.
+        Bodies over ``SMALL_BODY`` are parsed one at a time: however many come at once, the
+        threads and the interpreter lock stay free enough for small requests."""
         nonlocal buffered
         held = [0]
         try:
             raw = await raw_body(request, held)
-            return await asyncio.to_thread(parse, raw)
+            if len(raw) <= SMALL_BODY:
+                return await asyncio.to_thread(parse, raw)
+            async with large:
+                return await asyncio.to_thread(parse, raw)
         finally:
             buffered -= held[0]
 
