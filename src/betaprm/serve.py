@@ -33,9 +33,10 @@ Slow and hostile clients are bounded (``uvicorn_options``): a connection is clos
 request headers have not arrived within ``header_timeout`` (an idle socket included), at
 most ``max_connections`` are open (503 past them), a body must arrive whole within
 ``body_timeout`` (408), the bodies held at once stop at ``max_buffered_bytes`` (503 for a
-body past its first MiB), a body's JSON values are counted before it is parsed (413 over
-``max_json_values``: millions of ``{}`` are never built), ``max_items`` is checked before
-any trace or query is read, and a client that leaves is one line in the log.
+body past its first MiB), bodies over a MiB are parsed one at a time, a body's JSON values
+are counted before it is parsed (413 over ``max_json_values``: millions of ``{}`` are never
+built), ``max_items`` is checked before any trace or query is read, and a client that
+leaves is one line in the log.
 
 Nothing slow runs on the event loop: a request's JSON is parsed and its images decoded in
 a worker thread, and its traces are checked for size before they are tokenised (more
@@ -97,7 +98,8 @@ log = logging.getLogger(__name__)
 TOKENIZER_THREADS = 2
 """Threads that tokenise requests: one long trace leaves the other free for small ones."""
 SMALL_BODY = 2**20
-"""Bytes of a body never refused for ``max_buffered_bytes``: small requests pass while large ones wait."""
+"""Bytes of a body never refused for ``max_buffered_bytes``, and parsed alongside any others:
+small requests pass while large ones are refused or parsed one at a time."""
 
 
 @dataclass
