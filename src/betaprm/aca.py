@@ -20,6 +20,18 @@ Variants run through the same code: ``early_stop=False`` (always spend the budge
 ``stop_margin``), ``uncertainty="proxy"`` (sigma = sqrt(mu (1 - mu)), for a standard PRM)
 and ``repair=False`` with ``n0 = budget`` (plain Best-of-N).
 
+Answer-level variants stop on the vote instead of on one candidate (``stop_rule``, the
+rules in ``adaptive_vote``): the reliability-weighted vote's leader staying ahead through
+the budget left (``vote``), Adaptive-Consistency (``ac``), ESC's window (``window``) and
+DeepConf's consensus (``consensus``, with its ``keep_top`` filter); their later batches are
+fresh samples or continue the runner-up answer's best candidate (``allocate``); ``prune``
+stops a later candidate at the first step whose upper bound falls below a level learned on
+the first batch (its tokens counted up to that step, its vote dropped); ``final_vote`` makes
+the final choice by the weighted vote. docs/aca.md derives the rules.
+
+Over 400 lines because the controller is one state machine: the paper's rule and the
+answer-level rules share its rounds, allocation, token accounting and records.
+
 All problems advance in lockstep, so each round is one generation call and one scoring
 call over every problem still running (large batches for vLLM, servers and the PRM).
 Candidates are scored once. Generated tokens are counted per call, prompt and kept
@@ -36,12 +48,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import adaptive_vote as av
 from .errors import BetaPRMInputError
 from .evaluation.frontier import Point
-from .generation.base import GenerationRequest
+from .generation.base import GenerationRequest, step_token_split
 from .options import opt as _f
 from .provenance import TaskRecords
-from .selection import METHODS, TuneResult, candidate_scores
+from .selection import METHODS, TuneResult, candidate_scores, weighted_vote
 from .selectors import hit
 from .types import StepScores, Task
 
@@ -50,6 +63,21 @@ UNCERTAINTIES = {
     "learned": "BetaPRM",
     "proxy": "sqrt(mu(1-mu)), for a standard PRM",
     "none": "reward only",
+}
+
+# How a run decides to stop, each with what it is (docs/aca.md).
+STOP_RULES = {
+    "bounds": "the paper's: the best candidate's lower bound above every rival's upper bound",
+    "vote": "the leading answer of the weighted vote stays ahead through the budget left, with this probability",
+    "ac": "Adaptive-Consistency's Beta rule on the two leading (weighted) vote totals",
+    "window": "Early-Stopping Self-Consistency: the last batch (the window) all gives one answer",
+    "consensus": "DeepConf: the leading answer's share of the filtered weighted vote",
+}
+# Where a run's next batch goes.
+ALLOCATIONS = {
+    "repair": "continue the top rival's kept prefix (the paper's)",
+    "fresh": "sample from scratch",
+    "runner-up": "continue the runner-up answer's best candidate from its uncertain step",
 }
 
 Scorer = Callable[[Sequence[tuple[str, Sequence[str]]]], list[StepScores]]
@@ -94,13 +122,33 @@ class ACASettings:
     final: str = _f("rb", f"final selector: {', '.join(METHODS)} (betaprm.selection; rb is S_RB)", choices=METHODS)
     final_lam: float = _f(0.5, "lambda of the final selector")
     final_tau: float | None = _f(None, "S_RB's sigma threshold (tune it on validation pools; required for rb)")
+    final_vote: bool = _f(
+        False,
+        "final choice by the vote over final answers, each weighted by max(0, S_lin(final_lam)) (unweighted for "
+        "the unweighted rules), instead of --final's top candidate",
+    )
+    stop_threshold: float = _f(
+        0.95, "answer-level stopping: the probability (vote, ac) or vote share (consensus) at which a problem stops"
+    )
+    keep_top: float = _f(1.0, "vote only with this fraction of the candidates, those with the largest weights")
+    prune_quantile: float = _f(
+        0.1,
+        "with pruning: the level a later candidate's upper bounds mu + c_cut*sigma must stay above while it is "
+        "written, as this quantile of the first batch's lowest upper bounds",
+    )
     seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id and the round)")
 
     def budget_problems(self) -> list[str]:
-        """What is wrong with ``n0``, ``m`` and ``budget`` (nothing: an empty list)."""
+        """What is wrong with ``n0``, ``m``, ``budget`` and the answer-level settings (nothing:
+        an empty list)."""
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in ("n0", "m", "budget") if getattr(self, k) < 1]
         if self.n0 > self.budget:
             bad.append(f"n0 ({self.n0}) must not exceed budget ({self.budget})")
+        for name in ("stop_threshold", "prune_quantile"):
+            if not 0 <= getattr(self, name) <= 1:
+                bad.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 0 < self.keep_top <= 1:
+            bad.append(f"keep_top must be a fraction in (0, 1], got {self.keep_top}")
         return bad
 
 
@@ -116,12 +164,22 @@ class ACAConfig(ACASettings):
         "sigma used by ACA: " + ", ".join(f"{name} ({what})" for name, what in UNCERTAINTIES.items()),
         choices=tuple(UNCERTAINTIES),
     )
+    stop_rule: str = _f("bounds", "when to stop: " + "; ".join(f"{k}: {v}" for k, v in STOP_RULES.items()))
+    allocate: str = _f(
+        "repair", "where later batches go (with repair): " + "; ".join(f"{k}: {v}" for k, v in ALLOCATIONS.items())
+    )
+    weighted: bool = _f(True, "answer-level rules and the final vote weigh each vote by the PRM (False: 1 each)")
+    prune: bool = _f(False, "stop a later candidate while it is written once its prefix is reliably bad")
 
     def __post_init__(self):
         bad = self.budget_problems()
         bad += cut_problems(self.p_bad)
         if self.uncertainty not in UNCERTAINTIES:
             bad.append(f"uncertainty must be one of {', '.join(UNCERTAINTIES)}, got {self.uncertainty!r}")
+        if self.stop_rule not in STOP_RULES:
+            bad.append(f"stop_rule must be one of {', '.join(STOP_RULES)}, got {self.stop_rule!r}")
+        if self.allocate not in ALLOCATIONS:
+            bad.append(f"allocate must be one of {', '.join(ALLOCATIONS)}, got {self.allocate!r}")
         bad += final_selector_problems(self.final, self.final_tau)
         if bad:
             raise BetaPRMInputError("bad ACA configuration: " + "; ".join(bad))
@@ -142,6 +200,13 @@ class Candidate:
     cut: int | None = None
     scores: StepScores | None = None
     answer: Hashable | None = None
+    step_tokens: list[int] | None = None  # the new steps' generated tokens
+    pruned: int | None = None  # the step at which it was stopped while written (None: it was not)
+
+    @property
+    def vote(self) -> Hashable | None:
+        """The answer it votes for: none when it was stopped before its answer."""
+        return None if self.pruned is not None else self.answer
 
 
 def _sigma(s: StepScores, mode: str) -> np.ndarray:
@@ -171,6 +236,8 @@ class ACAState:
         self.stop_reason = ""
         self.next_req = self._request([], cfg.n0, 0)
         self.next_meta = (None, None)  # (parent, cut) of the next batch
+        self.prune_level: float | None = None  # learned on the first batch (--prune)
+        self.n_checked = 0  # candidates already checked for pruning
 
     def _request(self, prefix: list[str], n: int, rnd: int) -> GenerationRequest:
         t = self.task
@@ -185,6 +252,8 @@ class ACAState:
     def decide(self) -> None:
         cfg = self.cfg
         pool = self.view()
+        if cfg.prune:
+            self._prune(pool)
         S = candidate_scores(pool, "lin", cfg.lam)
         U = np.array([p.sigma.mean() for p in pool])
         lcb, ucb = S - cfg.c_stop * U, S + cfg.c_stop * U
@@ -202,7 +271,10 @@ class ACAState:
             "max_rival_ucb": max_ucb,
             "rivals": len(rivals),
         }
-        confident = max_ucb is None or lcb[best] - max_ucb > cfg.stop_margin
+        if cfg.stop_rule == "bounds":
+            confident = max_ucb is None or lcb[best] - max_ucb > cfg.stop_margin
+        else:
+            confident = self._answers_settled(pool, info)
         if cfg.early_stop and confident:
             self._finish(info, "confident")
             return
@@ -211,18 +283,88 @@ class ACAState:
             return
         n = min(cfg.m, cfg.budget - len(self.cands))
         rnd = len(self.rounds) + 1
-        if not cfg.repair:
+        if not cfg.repair or cfg.allocate == "fresh":
+            target = None
+        elif cfg.allocate == "runner-up":
+            target = self._runner_up(pool)
+        else:
+            others = rivals or [i for i in range(len(self.cands)) if i != best]
+            target = max(others, key=lambda i: (ucb[i], -i))
+        if target is None:
             self.next_req = self._request([], n, rnd)
             self.next_meta = (None, None)
             info.update(action="sample", new=n)
         else:
-            others = rivals or [i for i in range(len(self.cands)) if i != best]
-            target = max(others, key=lambda i: (ucb[i], -i))
             cut = self._cut(pool[target])
             self.next_req = self._request(list(self.cands[target].steps[:cut]), n, rnd)
             self.next_meta = (target, cut)
             info.update(action="repair", repaired=target, cut=cut, new=n)
         self.rounds.append(info)
+
+    def _votes(self, pool: list[StepScores], lam: float) -> tuple[list, np.ndarray, np.ndarray]:
+        """``(answers, w, u)`` of the vote: each candidate's answer (None: it abstains, having
+        none, being stopped before it, or below the ``keep_top`` filter), weight and spread."""
+        cfg = self.cfg
+        w, u = av.vote_weights(pool, lam, cfg.weighted)
+        answers = [c.vote for c in self.cands]
+        voters = np.array([a is not None for a in answers])
+        if cfg.keep_top < 1 and voters.any():
+            keep = np.zeros(len(answers), dtype=bool)
+            keep[voters] = av.kept(w[voters], cfg.keep_top)
+            answers = [a if k else None for a, k in zip(answers, keep)]
+        return answers, w, u
+
+    def _answers_settled(self, pool: list[StepScores], info: dict) -> bool:
+        """The answer-level stopping rules (``STOP_RULES``); what they measured goes into ``info``."""
+        cfg = self.cfg
+        answers, w, u = self._votes(pool, cfg.lam)
+        if cfg.stop_rule == "window":
+            last = max(c.round for c in self.cands)
+            window = [c.vote for c in self.cands if c.round == last]
+            info["window_agrees"] = av.window_agrees(window, len(window)) and len(window) > 1
+            return info["window_agrees"]
+        if cfg.stop_rule == "consensus":
+            info["share"] = av.consensus(answers, w)
+            return info["share"] >= cfg.stop_threshold
+        # One generator per problem and round: a resumed run decides as an uninterrupted one.
+        rng = np.random.default_rng([cfg.seed, zlib.crc32(str(self.task.id).encode()), len(self.rounds)])
+        remaining = None if cfg.stop_rule == "ac" else cfg.budget - len(self.cands)
+        prob, leader = av.leader_stays(answers, w, u, remaining, rng)
+        info.update(leader_stays=prob, leader=leader)
+        return leader is not None and prob >= cfg.stop_threshold
+
+    def _runner_up(self, pool: list[StepScores]) -> int | None:
+        """The best candidate (largest weight) of the answer second in the weighted vote, whose
+        continuations can change the vote; None when one answer (or none) is in it."""
+        answers, w, _ = self._votes(pool, self.cfg.lam)
+        totals: dict = {}
+        for a, x in zip(answers, w):
+            if a is not None:
+                totals[a] = totals.get(a, 0.0) + float(x)
+        if len(totals) < 2:
+            return None
+        second = sorted(totals, key=lambda a: -totals[a])[1]
+        return max((i for i, a in enumerate(answers) if a == second), key=lambda i: (w[i], -i))
+
+    def _prune(self, pool: list[StepScores]) -> None:
+        """Stop the candidates of later batches at the first new step whose upper bound fell
+        below the level learned on the first batch: they keep the tokens up to that step and
+        no longer vote. The PRM's belief at a step depends only on the text before it, so
+        the step found here is where a run scoring each step as it is written would stop."""
+        cfg = self.cfg
+        if self.prune_level is None:
+            self.prune_level = av.prune_level(pool, cfg.c_cut, cfg.prune_quantile)
+            self.n_checked = len(self.cands)
+            return
+        for i in range(self.n_checked, len(self.cands)):
+            c = self.cands[i]
+            first = c.cut or 0
+            t = av.prune_step(pool[i], cfg.c_cut, self.prune_level, first) if c.steps else None
+            if t is not None:
+                kept = sum((c.step_tokens or [])[: t + 1 - first])
+                self.tokens -= c.n_tokens - kept
+                c.n_tokens, c.pruned = kept, t
+        self.n_checked = len(self.cands)
 
     def _cut(self, s: StepScores) -> int:
         T = len(s.mu)
@@ -243,6 +385,10 @@ class ACAState:
         pool = self.view()
         scores = candidate_scores(pool, cfg.final, cfg.final_lam, cfg.final_tau)
         chosen = int(np.argmax(scores))
+        if cfg.final_vote:  # the answer with the most weight, by its best candidate
+            answers, w, _ = self._votes(pool, cfg.final_lam)
+            voted = weighted_vote(answers, w)
+            chosen = chosen if voted is None else voted
         ans = self.cands[chosen].answer
         verdict: dict = {}  # one check per distinct final answer: many candidates share one
 
@@ -272,6 +418,7 @@ class ACAState:
                     "parent": c.parent,
                     "cut": c.cut,
                     "n_tokens": c.n_tokens,
+                    **({"pruned_at": c.pruned} if c.pruned is not None else {}),
                     "answer": c.answer,
                     "correct": check(c.answer),
                     **c.scores.to_dict(),
@@ -306,7 +453,13 @@ def run_aca(
                     s.tokens += c.n_tokens
                     steps = prefix + list(c.steps)
                     cand = Candidate(
-                        steps, c.n_tokens, len(s.rounds), parent, cut, answer=answer_of(steps) if steps else None
+                        steps,
+                        c.n_tokens,
+                        len(s.rounds),
+                        parent,
+                        cut,
+                        answer=answer_of(steps) if steps else None,
+                        step_tokens=step_token_split(c),
                     )
                     s.cands.append(cand)
                     new.append((s, cand))

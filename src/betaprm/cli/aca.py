@@ -36,9 +36,29 @@ VARIANTS = {
     "reward-only": "sigma = 0 (for a standard PRM): the stopping test is a score margin",
     "proxy": "sigma = sqrt(mu(1-mu)) (for a standard PRM)",
     "best-of-n": "all --budget candidates at once (the baseline)",
+    "vote": "answer-level: stop when the reliability-weighted vote's leader stays ahead through the budget with "
+    "probability --stop-threshold (weights and their spread from mu and kappa), fresh samples, later candidates "
+    "stopped while written once reliably bad, final choice by the vote",
+    "vote-sigma0": "vote with sigma = 0: weights mean(mu), no spread (what kappa adds)",
+    "vote-runner-up": "vote, later batches continue the runner-up answer's best candidate from its uncertain step",
+    "adaptive-consistency": "Adaptive-Consistency: unweighted Beta rule on the two leading answers, majority vote",
+    "esc": "Early-Stopping Self-Consistency: stop when a window (--m samples, also the first batch) agrees",
+    "deepconf": "DeepConf-style with the PRM's mu (no kappa): votes weighted by mean mu, the top --keep-top kept, "
+    "later candidates stopped below the first batch's level, stop at vote share --stop-threshold",
+}
+# The answer-level variants' mechanisms (ACAConfig fields); the others are the paper's.
+ANSWER_LEVEL = {
+    "vote": dict(stop_rule="vote", allocate="fresh", prune=True, final_vote=True),
+    "vote-sigma0": dict(stop_rule="vote", allocate="fresh", prune=True, final_vote=True, uncertainty="none"),
+    "vote-runner-up": dict(stop_rule="vote", allocate="runner-up", prune=True, final_vote=True),
+    "adaptive-consistency": dict(stop_rule="ac", allocate="fresh", weighted=False, final_vote=True),
+    "esc": dict(stop_rule="window", allocate="fresh", weighted=False, final_vote=True),
+    "deepconf": dict(
+        stop_rule="consensus", allocate="fresh", prune=True, final_vote=True, uncertainty="none", keep_top=0.9
+    ),
 }
 
-HELP = "Adaptive Computation Allocation: Best-of-N that stops early and repairs uncertain prefixes"
+HELP = "Adaptive Computation Allocation: Best-of-N that stops early (on a candidate or on the vote) and repairs"
 DESCRIPTION = (
     """Run ACA (paper section 5) with a trained PRM as the scorer.
 
@@ -98,6 +118,13 @@ class ACACommandConfig(ProblemOptions, ACASettings, BatchOptions, GenerationOpti
         if self.variant == "best-of-n":
             del settings["n0"]
             return ACAConfig.best_of_n(**settings)
+        if self.variant in ANSWER_LEVEL:
+            mechanisms = ANSWER_LEVEL[self.variant]
+            if self.variant == "esc":  # the window is every batch, the first included
+                settings["n0"] = settings["m"]
+            if "keep_top" in mechanisms and self.keep_top != 1.0:  # given: the user's filter
+                mechanisms = {k: v for k, v in mechanisms.items() if k != "keep_top"}
+            return ACAConfig(**{**settings, **mechanisms, "final_vote": True})
         return ACAConfig(
             **settings,
             early_stop=self.variant != "no-early-stop",
@@ -116,6 +143,12 @@ KNOBS = {
     "reward-only": "stop_margin",
     "no-early-stop": "budget",
     "best-of-n": "budget",
+    "vote": "stop_threshold",
+    "vote-sigma0": "stop_threshold",
+    "vote-runner-up": "stop_threshold",
+    "adaptive-consistency": "stop_threshold",
+    "esc": "m",
+    "deepconf": "stop_threshold",
 }
 
 

@@ -50,6 +50,21 @@ class Completion:
     finished: bool | None = None
     """Whether the last step is the final answer; None: the backend did not say (a whole
     completion, which always ends with the answer)."""
+    step_tokens: list[int] | None = None
+    """Generated tokens of each step (summing to ``n_tokens``), where the backend knows them;
+    None: ``step_token_split`` apportions ``n_tokens`` by the steps' lengths."""
+
+
+def step_token_split(c: Completion) -> list[int]:
+    """Each step's generated tokens: the backend's own count, else ``n_tokens`` shared out in
+    proportion to the steps' characters (a step break included), summing to ``n_tokens``."""
+    if c.step_tokens is not None:
+        return list(c.step_tokens)
+    if not c.steps:
+        return []
+    sizes = [len(s) + 1 for s in c.steps]
+    bounds = [round(c.n_tokens * sum(sizes[: i + 1]) / sum(sizes)) for i in range(len(sizes))]
+    return [b - a for a, b in zip([0, *bounds[:-1]], bounds)]
 
 
 @runtime_checkable

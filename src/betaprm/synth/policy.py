@@ -52,7 +52,8 @@ class SynthPolicy:
                 # The policy writes step by step: stopping after max_steps costs only those.
                 done = req.max_steps is None or len(steps) <= req.max_steps
                 steps = steps if done else steps[: req.max_steps]
-                comps.append(Completion(steps, sum(self.count_tokens(s) for s in steps), finished=done))
+                per_step = [self.count_tokens(s) for s in steps]
+                comps.append(Completion(steps, sum(per_step), finished=done, step_tokens=per_step))
             out.append(comps)
         return out
 
