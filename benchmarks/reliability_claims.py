@@ -62,12 +62,22 @@ def _aca_table_point(pp, name="aca"):
     return next(p for p in pp["aca"][name] if p.knob == ACA_KNOBS[name][2])
 
 
-def _matched_d(pp, other):
-    """kappa-ACA's table point minus ``other``'s frontier at its tokens, per problem (None:
-    outside the other's range)."""
+def _matched_d(pp, other, name="aca"):
+    """``name``'s table point (kappa-ACA by default) minus ``other``'s frontier at its tokens,
+    per problem (None: outside the other's range, or a run made before ``name`` existed)."""
+    if name not in pp["aca"] or (other not in pp["aca"] and other not in pp["bon"]):
+        return None
     pts = pp["aca"][other] if other in pp["aca"] else pp["bon"][other]
-    m = matched(_aca_table_point(pp), pts)
+    m = matched(_aca_table_point(pp, name), pts)
     return None if m is None else m["d"]
+
+
+def _vote_vs_bon16(pp):
+    """The adaptive reliability vote's table point minus Best-of-N's reliability vote on the
+    whole pool, per problem (None: a run without the adaptive vote)."""
+    if "vote" not in pp["aca"]:
+        return None
+    return _aca_table_point(pp, "vote").hits - _last(pp["bon"]["betaprm_reliability_vote"]).hits
 
 
 # name -> (what it isolates, per-problem differences of one run's per_problem.json)
@@ -103,6 +113,30 @@ CLAIMS = {
     "kappa-ACA vs Best-of-n reliability vote": (
         "kappa-ACA minus Best-of-n decided by the reliability-weighted vote at kappa-ACA's tokens",
         lambda pp: _matched_d(pp, "betaprm_reliability_vote"),
+    ),
+    "adaptive vote vs Best-of-N reliability vote": (
+        "the adaptive reliability vote (table point) minus Best-of-N's reliability vote on the whole pool",
+        _vote_vs_bon16,
+    ),
+    "adaptive vote vs Adaptive-Consistency": (
+        "the adaptive reliability vote minus Adaptive-Consistency at the vote's tokens",
+        lambda pp: _matched_d(pp, "adaptive_consistency", "vote"),
+    ),
+    "adaptive vote vs ESC": (
+        "the adaptive reliability vote minus Early-Stopping Self-Consistency at the vote's tokens",
+        lambda pp: _matched_d(pp, "esc", "vote"),
+    ),
+    "adaptive vote vs DeepConf-style": (
+        "the adaptive reliability vote minus a DeepConf-style run on the standard PRM's mu at the vote's tokens",
+        lambda pp: _matched_d(pp, "deepconf", "vote"),
+    ),
+    "adaptive vote vs its sigma = 0": (
+        "the adaptive reliability vote minus the same with sigma = 0 (weights mean mu): what kappa adds",
+        lambda pp: _matched_d(pp, "vote_sigma0", "vote"),
+    ),
+    "adaptive vote vs kappa-ACA": (
+        "the adaptive reliability vote minus kappa-ACA (paper's rule) at the vote's tokens",
+        lambda pp: _matched_d(pp, "aca", "vote"),
     ),
     "held-out NLL, BetaPRM vs binomial": (
         "nats per held-out step: BetaPRM's Beta-Binomial minus the standard PRM's binomial at mu",

@@ -110,7 +110,10 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
         assert rows[-1]["acc"] == r["bon"][key]["acc"] and [p["acc"] for p in rows] == r["best_of_n_curve"][key]
         assert rows[-1]["tokens"] == r["aca"]["vanilla_bon"]["tokens"]
     c = r["frontier_comparisons"]
-    assert set(c) == {"aca_vs_aca_reward_only", "aca_vs_aca_proxy", "aca_vs_bon_betaprm_rb"}
+    from betaprm.synth.frontiers import FRONTIER_PAIRS
+
+    assert set(c) == {f"{a}_vs_{b}" for a, b, _ in FRONTIER_PAIRS}
+    assert "vote_vs_adaptive_consistency" in c and "vote_vs_vote_sigma0" in c
     assert all(v["verdict"] in {"a", "b", "equal", "crossing", "disjoint"} for v in c.values())
     # The per-problem file reproduces every number it pools from.
     pp = read_per_problem(out / "per_problem.json")
@@ -153,6 +156,11 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
     m = r["frontier_comparisons"]["aca_vs_aca_reward_only"]["matched_at_table_point"]
     if m is not None:
         assert c["kappa-ACA vs reward-only ACA"]["pooled"]["diff"] == pytest.approx(m["diff"])
+    m = r["frontier_comparisons"]["vote_vs_esc"]["matched_at_table_point"]
+    if m is not None:
+        assert c["adaptive vote vs ESC"]["pooled"]["diff"] == pytest.approx(m["diff"])
+    want = r["aca"]["vote"]["acc"] - r["bon"]["betaprm_reliability_vote"]["acc"]
+    assert c["adaptive vote vs Best-of-N reliability vote"]["pooled"]["diff"] == pytest.approx(want)
     h = r["held_out_counts"]
     want = h["betaprm"]["nll"]["beta_binomial"] - h["standard_prm"]["nll"]["binomial_at_mu"]
     assert c["held-out NLL, BetaPRM vs binomial"]["pooled"]["diff"] == pytest.approx(want, abs=1e-5)

@@ -95,18 +95,25 @@ def best_of_n_curves(curves: dict, path, points: dict | None = None, xlabel: str
     plt.close(fig)
 
 
-def frontier_curves(curves: dict, path, xlabel: str = "generated tokens (all test problems)") -> None:
+def frontier_curves(curves: dict, path, xlabel: str = "generated tokens (all test problems)", families=None) -> None:
     """Accuracy against tokens, one line per method through its knob's settings, with the
-    95% band of each point; ``curves``: label -> rows of ``evaluation.frontier.curve``."""
+    95% band of each point; ``curves``: label -> rows of ``evaluation.frontier.curve``.
+    ``families``: family name -> the labels in it, each family drawn in shades of one colour
+    (ACA, adaptive votes, Best-of-n); the legend sits beside the axes, over no curve."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    cmaps = ("Blues", "Greens", "Greys", "Oranges", "Purples", "Reds")
+    colour = {}
+    for (family, labels), cmap in zip((families or {}).items(), cmaps):
+        shades = plt.get_cmap(cmap)(np.linspace(0.95, 0.45, max(len(labels), 1)))
+        colour.update(zip(labels, shades))
+    fig, ax = plt.subplots(figsize=(9, 4.6))
     for name, rows in curves.items():
         xs = [r["tokens"] for r in rows]
-        line = ax.plot(xs, [r["acc"] for r in rows], marker=".", label=name)[0]
+        line = ax.plot(xs, [r["acc"] for r in rows], marker=".", label=name, color=colour.get(name))[0]
         ax.fill_between(xs, [r["ci"][0] for r in rows], [r["ci"][1] for r in rows], alpha=0.12, color=line.get_color())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(Path(path), dpi=120)
     plt.close(fig)

@@ -90,18 +90,63 @@ def _aca_variants_job(world_cfg, problems, prm_dir: str, acfgs, tokenizer_dir: s
 # on the test problems: the stopping bounds' width (c_stop) for the variants with a sigma,
 # the score margin for reward-only ACA (sigma = 0: c_stop has no effect), the budget for the
 # variant that never stops early.
+# The answer-level variants sweep their stopping threshold (ESC its window, which is also its
+# first batch); 0.95 is Adaptive-Consistency's and DeepConf's published default.
+_THRESHOLDS = ("stop_threshold", (0.5, 0.8, 0.9, 0.95, 0.99), 0.95)
 ACA_KNOBS = {
     "aca": ("c_stop", (0.0, 0.05, 0.1, 0.2, 0.3, 0.6), 0.3),
     "aca_no_early_stop": ("budget", (4, 8, 12, 16), 16),
-    "aca_reward_only": ("stop_margin", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2), 0.0),
+    "aca_reward_only": ("stop_margin", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5), 0.0),
     "aca_proxy": ("c_stop", (0.0, 0.05, 0.1, 0.2, 0.3, 0.6), 0.3),
+    "vote": _THRESHOLDS,
+    "vote_sigma0": _THRESHOLDS,
+    "vote_runner_up": _THRESHOLDS,
+    "adaptive_consistency": _THRESHOLDS,
+    "esc": ("m", (2, 3, 4, 6, 8), 4),
+    "deepconf": _THRESHOLDS,
 }
 # Frontier pairs the demo compares at matched tokens: (A, B, what the difference isolates).
 FRONTIER_PAIRS = (
     ("aca", "aca_reward_only", "learned sigma vs none"),
     ("aca", "aca_proxy", "learned sigma vs the proxy sqrt(mu(1-mu))"),
     ("aca", "bon_betaprm_rb", "ACA vs Best-of-n with the same PRM and final selector"),
+    ("vote", "bon_betaprm_reliability_vote", "the adaptive reliability vote vs Best-of-n's reliability vote"),
+    ("vote", "adaptive_consistency", "the reliability-weighted adaptive vote vs Adaptive-Consistency"),
+    ("vote", "esc", "the reliability-weighted adaptive vote vs Early-Stopping Self-Consistency"),
+    ("vote", "deepconf", "learned reliability vs a DeepConf-style filter on the standard PRM's mu"),
+    ("vote", "vote_sigma0", "what kappa adds to the adaptive vote (sigma = 0: weights mean mu)"),
+    ("vote", "aca", "stopping on the vote vs stopping on one candidate"),
 )
+
+
+def answer_level_variants(vote_lam: float, seed: int) -> dict:
+    """The demo's answer-level variants: ``{name: (PRM, ACAConfig fields)}``. The BetaPRM's
+    votes are weighted by S_lin at the reliability vote's lambda (tuned on the validation
+    pools); ``vote_sigma0`` is the same with sigma = 0; the unweighted rules need no PRM (the
+    BetaPRM's scores are only recorded); DeepConf-style runs on the standard PRM's mu."""
+    vote = dict(stop_rule="vote", allocate="fresh", prune=True, final_vote=True, final="lin", seed=seed)
+    vote.update(lam=vote_lam, final_lam=vote_lam)
+    unweighted = dict(allocate="fresh", weighted=False, final_vote=True, final="lin", seed=seed)
+    return {
+        "vote": ("betaprm", vote),
+        "vote_sigma0": ("betaprm", {**vote, "uncertainty": "none"}),
+        "vote_runner_up": ("betaprm", {**vote, "allocate": "runner-up"}),
+        "adaptive_consistency": ("betaprm", {**unweighted, "stop_rule": "ac"}),
+        "esc": ("betaprm", {**unweighted, "stop_rule": "window"}),
+        "deepconf": (
+            "standard_prm",
+            dict(
+                stop_rule="consensus",
+                allocate="fresh",
+                prune=True,
+                final_vote=True,
+                final="lin",
+                seed=seed,
+                uncertainty="none",
+                keep_top=0.9,
+            ),
+        ),
+    }
 
 
 def _aca_grid(frontier: bool) -> list[tuple[str, float]]:
@@ -150,11 +195,14 @@ def aca_table(
         "aca_no_early_stop": ("betaprm", dict(early_stop=False, **rb)),
         "aca_reward_only": ("standard_prm", dict(uncertainty="none", final="lin", seed=seed)),
         "aca_proxy": ("standard_prm", dict(uncertainty="proxy", final="lin", seed=seed)),
+        **answer_level_variants(tuned["reliability_vote"], seed),
     }
-    runs = {
-        (name, value): (variants[name][0], ACAConfig(**{**variants[name][1], ACA_KNOBS[name][0]: value}))
-        for name, value in _aca_grid(frontier)
-    }
+
+    def config(name, value):
+        knob = {ACA_KNOBS[name][0]: value, **({"n0": value} if name == "esc" else {})}  # ESC: every batch a window
+        return ACAConfig(**{**variants[name][1], **knob})
+
+    runs = {(name, value): (variants[name][0], config(name, value)) for name, value in _aca_grid(frontier)}
     # Grouped by PRM: each group's runs share one scoring cache (CachedScorer), the ones
     # that spend the most first.
     groups: dict[str, list[tuple[str, float]]] = {}

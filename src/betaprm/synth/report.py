@@ -16,7 +16,14 @@ ACA_LABELS = {
     "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)",
     "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
     "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))",
+    "vote": "adaptive reliability vote (BetaPRM)",
+    "vote_sigma0": "adaptive vote, sigma = 0 (BetaPRM mu)",
+    "vote_runner_up": "adaptive reliability vote, runner-up repair",
+    "adaptive_consistency": "Adaptive-Consistency (majority)",
+    "esc": "ESC, window agreement (majority)",
+    "deepconf": "DeepConf-style (standard PRM mu)",
 }
+ADAPTIVE_VOTES = ("vote", "vote_sigma0", "vote_runner_up", "adaptive_consistency", "esc", "deepconf")
 
 
 def format_results(r: dict) -> str:
@@ -196,14 +203,18 @@ def frontier_table(r: dict) -> str:
     return "\n".join(parts)
 
 
-def frontier_plot_curves(r: dict) -> dict:
+def frontier_plot_curves(r: dict) -> tuple[dict, dict]:
     """The frontiers ``aca_frontier.png`` draws, labelled: every ACA variant's sweep and
     Best-of-n (n = 1..N) by BetaPRM S_RB, the standard PRM's top-1, the two PRMs' votes and
-    majority vote."""
+    majority vote; and their colour families (ACA, adaptive votes, Best-of-n)."""
     out = {ACA_LABELS[name]: f["points"] for name, f in r.get("aca_frontier", {}).items()}
+    families: dict[str, list[str]] = {"ACA": [], "adaptive vote": [], "Best-of-n": []}
+    for name in r.get("aca_frontier", {}):
+        families["adaptive vote" if name in ADAPTIVE_VOTES else "ACA"].append(ACA_LABELS[name])
     for key in ("betaprm_rb", "standard_prm_mean", "standard_prm_vote", "betaprm_reliability_vote", "majority_vote"):
         out[f"Best-of-n, {NAMES[key]}"] = r["bon_frontier"][key]
-    return out
+        families["Best-of-n"].append(f"Best-of-n, {NAMES[key]}")
+    return out, families
 
 
 def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None, results=None) -> None:
@@ -237,7 +248,8 @@ def demo_plots(out, histories, arrays, curves, n_candidates, aca, held_out=None,
             xlabel="generated tokens (all test problems)",
         )
     if results is not None and "bon_frontier" in results:
-        plots.frontier_curves(frontier_plot_curves(results), out / "aca_frontier.png")
+        curves, families = frontier_plot_curves(results)
+        plots.frontier_curves(curves, out / "aca_frontier.png", families=families)
 
 
 def value_prior_table(vp: dict) -> str:
