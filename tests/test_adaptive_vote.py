@@ -189,3 +189,27 @@ def test_cli_answer_level_variants(tmp_path, capsys):
     assert all(c["round"] > 0 or i < 2 for r in esc for i, c in enumerate(r["candidates"]))  # first window: --m
     assert main([*common, "--variant", "vote", "--stop-threshold", "1.5", "--out", str(tmp_path / "x.jsonl")]) == 2
     assert "stop_threshold must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_demos_policy_cache_changes_no_record(world_problems):
+    """The demo's variants share one CachedPolicy: a seeded request is answered once and read
+    back by later variants, and every variant's records equal a run with its own policy."""
+    from betaprm.synth.frontiers import CachedPolicy, answer_level_variants
+
+    world, problems = world_problems
+    cfgs = [ACAConfig(**v) for _, v in answer_level_variants(0.5, 0).values()] + [ACAConfig(final="lin")]
+
+    def run(policy, cfg):
+        return run_aca(
+            synth_tasks(problems),
+            policy,
+            BayesScorer(world, problems),
+            cfg,
+            synth_answer,
+            synth_is_correct,
+            progress=False,
+        )
+
+    shared = CachedPolicy(SynthPolicy(world, seed=9, count_tokens=len))
+    assert [run(shared, c) for c in cfgs] == [run(SynthPolicy(world, seed=9, count_tokens=len), c) for c in cfgs]
+    assert len(shared.cache) < sum(r["pool_size"] for r in run(shared, cfgs[0])) * len(cfgs)

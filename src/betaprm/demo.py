@@ -182,7 +182,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         aca, aca_sweeps = aca[:2], aca[2]
         results["aca"] = aca[0]
         runs = sum(map(len, aca_sweeps.values()))
-        log(f"ACA: 4 variants ({runs} runs) on {len(test_pools)} test problems ({time.perf_counter() - t0:.0f}s)")
+        took = time.perf_counter() - t0
+        log(f"ACA: {len(aca_sweeps)} variants ({runs} runs) on {len(test_pools)} test problems ({took:.0f}s)")
     curves_json, results["frontier_comparisons"] = frontier_results(aca_sweeps, bon_sweeps, cfg.seed)
     results.update(curves_json)
     # Per-problem outcomes, for pooling runs over seeds and worlds (benchmarks/reliability_claims.py).

@@ -45,6 +45,29 @@ class CachedScorer:
         return [self.cache[k] for k in keys]
 
 
+class CachedPolicy:
+    """A generator that answers each seeded request once: ACA's variants ask the same seeded
+    requests (their first batch, fresh samples of the same round), and a seeded request's
+    completions depend on nothing else, so later variants read them back. Unseeded requests
+    go to the wrapped generator every time."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.cache: dict = {}
+
+    def generate(self, requests):
+        def key(r):
+            return (r.question, tuple(r.prefix), r.n, r.seed, r.max_steps)
+
+        todo = [r for r in requests if r.seed is None or key(r) not in self.cache]
+        todo = list({(key(r) if r.seed is not None else id(r)): r for r in todo}.values())
+        fresh = dict(zip(map(id, todo), self.generator.generate(todo))) if todo else {}
+        for r in todo:
+            if r.seed is not None:
+                self.cache[key(r)] = fresh[id(r)]
+        return [fresh[id(r)] if r.seed is None else self.cache[key(r)] for r in requests]
+
+
 def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> list[list[dict]]:
     """ACA variants' records on ``problems``, one list per config in ``acfgs``, all on one
     PRM through one ``CachedScorer``. Each variant draws from its own policy from the
@@ -55,10 +78,11 @@ def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> l
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     scorer = CachedScorer(PRMScorer(prm, 64))
+    policy = CachedPolicy(SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count))
     return [
         run_aca(
             synth_tasks(problems),
-            SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count),
+            policy,
             scorer,
             acfg,
             synth_answer,
@@ -92,7 +116,7 @@ def _aca_variants_job(world_cfg, problems, prm_dir: str, acfgs, tokenizer_dir: s
 # variant that never stops early.
 # The answer-level variants sweep their stopping threshold (ESC its window, which is also its
 # first batch); 0.95 is Adaptive-Consistency's and DeepConf's published default.
-_THRESHOLDS = ("stop_threshold", (0.5, 0.8, 0.9, 0.95, 0.99), 0.95)
+_THRESHOLDS = ("stop_threshold", (0.5, 0.8, 0.95, 0.99), 0.95)
 ACA_KNOBS = {
     "aca": ("c_stop", (0.0, 0.05, 0.1, 0.2, 0.3, 0.6), 0.3),
     "aca_no_early_stop": ("budget", (4, 8, 12, 16), 16),
@@ -102,7 +126,7 @@ ACA_KNOBS = {
     "vote_sigma0": _THRESHOLDS,
     "vote_runner_up": _THRESHOLDS,
     "adaptive_consistency": _THRESHOLDS,
-    "esc": ("m", (2, 3, 4, 6, 8), 4),
+    "esc": ("m", (2, 4, 8), 4),
     "deepconf": _THRESHOLDS,
 }
 # Frontier pairs the demo compares at matched tokens: (A, B, what the difference isolates).
@@ -123,7 +147,7 @@ def answer_level_variants(vote_lam: float, seed: int) -> dict:
     """The demo's answer-level variants: ``{name: (PRM, ACAConfig fields)}``. The BetaPRM's
     votes are weighted by S_lin at the reliability vote's lambda (tuned on the validation
     pools); ``vote_sigma0`` is the same with sigma = 0; the unweighted rules need no PRM (the
-    BetaPRM's scores are only recorded); DeepConf-style runs on the standard PRM's mu."""
+    standard PRM's scores are only recorded); DeepConf-style runs on the standard PRM's mu."""
     vote = dict(stop_rule="vote", allocate="fresh", prune=True, final_vote=True, final="lin", seed=seed)
     vote.update(lam=vote_lam, final_lam=vote_lam)
     unweighted = dict(allocate="fresh", weighted=False, final_vote=True, final="lin", seed=seed)
@@ -131,8 +155,10 @@ def answer_level_variants(vote_lam: float, seed: int) -> dict:
         "vote": ("betaprm", vote),
         "vote_sigma0": ("betaprm", {**vote, "uncertainty": "none"}),
         "vote_runner_up": ("betaprm", {**vote, "allocate": "runner-up"}),
-        "adaptive_consistency": ("betaprm", {**unweighted, "stop_rule": "ac"}),
-        "esc": ("betaprm", {**unweighted, "stop_rule": "window"}),
+        # Unweighted: no PRM decides anything (the standard PRM's scores are only recorded); run
+        # beside the standard PRM's variants, which balances the two worker processes.
+        "adaptive_consistency": ("standard_prm", {**unweighted, "stop_rule": "ac"}),
+        "esc": ("standard_prm", {**unweighted, "stop_rule": "window"}),
         "deepconf": (
             "standard_prm",
             dict(
