@@ -187,23 +187,56 @@ def test_a_client_that_hangs_up_is_one_log_line(edge):
     assert edge.request("POST", "/v1/score", SMALL)[0] == 200
 
 
-def test_bodies_held_at_once_are_capped_and_small_requests_pass(edge):
-    """While a slow client holds 6 MiB of its body, a 3 MiB one would take the bodies held
-    past --max-buffered-bytes (8 MiB): 503 with Retry-After, at once (the rest of it is read
-    and dropped); a small request is answered meanwhile, and the large one is once the slow
-    body is gone (408). Fails on the code before this change: every body was held whatever
-    the others (the flag did not exist)."""
+def test_a_large_body_waits_for_room_while_small_requests_pass(edge):
+    """While a slow client holds room for a 7 MiB body (6 MiB sent), a 3 MiB body waits past
+    its first MiB, unread, under --max-buffered-bytes (8 MiB); a small request is answered
+    meanwhile, and the large one once the slow client has gone. Fails on the code before
+    this change: every body was read and held whatever the others (the flag did not exist)."""
     big = json.dumps({**SMALL, "padding": "x" * (3 * 2**20)}).encode()
+    got = {}
+
+    def post_big():
+        t0 = time.perf_counter()
+        got["status"] = edge.request("POST", "/v1/score", raw=big)[0]
+        got["seconds"] = time.perf_counter() - t0
+
     with socket.create_connection(("127.0.0.1", edge.port)) as slow:
         slow.sendall(edge.head("/v1/score", 7 * 2**20) + b" " * (6 * 2**20))
-        time.sleep(0.5)  # read by the server, held
-        t0 = time.perf_counter()
-        status, res, headers = edge.request("POST", "/v1/score", raw=big)
-        assert status == 503 and "send this one again shortly" in res["error"], res
-        assert headers.get("retry-after") == "1" and time.perf_counter() - t0 < BODY_TIMEOUT
+        time.sleep(0.3)  # read by the server: its room taken
+        waiting = threading.Thread(target=post_big)
+        waiting.start()
+        time.sleep(0.5)
         assert edge.request("POST", "/v1/score", SMALL)[0] == 200
-        assert closed_within(slow, BODY_TIMEOUT + 15) is not None  # its 408
-    assert edge.request("POST", "/v1/score", raw=big)[0] == 200
+        assert not got, got  # the large one still waits
+    waiting.join(30)  # the slow client gone, its room given back
+    assert got["status"] == 200 and got["seconds"] > 0.5, got
+    assert "Traceback" not in wait_for_log(edge, "went away before /v1/score's body arrived")
+
+
+def test_a_large_body_without_room_in_time_is_503(edge):
+    """A body declared over --max-buffered-bytes has room only alone: while other large
+    bodies hold theirs past its --body-timeout, it gets 503 with Retry-After, its connection
+    closed. Fails on the code before this change: the flag did not exist."""
+    first = socket.create_connection(("127.0.0.1", edge.port))  # room for 6 MiB until its 408 at ~3 s
+    first.sendall(edge.head("/v1/score", 6 * 2**20) + b" " * (5 * 2**20))
+    time.sleep(0.3)
+    alone = socket.create_connection(("127.0.0.1", edge.port))  # 9 MiB: waits for no other; times out at ~3.3 s
+    alone.sendall(edge.head("/v1/score", 9 * 2**20) + b" " * (2**20 + 4096))
+    time.sleep(1.2)
+    second = socket.create_connection(("127.0.0.1", edge.port))  # 1.5 MiB: fits beside the first, held to ~4.5 s
+    second.sendall(edge.head("/v1/score", 3 * 2**19) + b" " * (2**20 + 4096))
+    try:
+        alone.settimeout(BODY_TIMEOUT + 15)
+        answer = b""
+        while chunk := alone.recv(65536):  # to the end: the server closes the connection
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503") and b"no room for a body of 9437184 bytes" in answer, answer[:300]
+        assert b"retry-after: 1" in answer.lower() and b"connection: close" in answer.lower()
+        log = wait_for_log(edge, "'s body waited for room within --body-timeout 3 s")
+        assert "bytes came): 503" in log.split("'s body waited for room within --body-timeout 3 s", 1)[1]
+    finally:
+        for s in (first, alone, second):
+            s.close()
 
 
 def test_headers_over_64_kib_close_the_connection_and_bodies_do_not_count(edge):

@@ -32,11 +32,11 @@ one). Bodies are read as they stream in and refused at ``max_request_bytes`` (41
 Slow and hostile clients are bounded (``uvicorn_options``): a connection is closed when its
 request headers have not arrived within ``header_timeout`` (an idle socket included), at
 most ``max_connections`` are open (503 past them), a body must arrive whole within
-``body_timeout`` (408), the bodies held at once stop at ``max_buffered_bytes`` (503 for a
-body past its first MiB), bodies over a MiB are parsed one at a time, a body's JSON values
-are counted before it is parsed (413 over ``max_json_values``: millions of ``{}`` are never
-built), ``max_items`` is checked before any trace or query is read, and a client that
-leaves is one line in the log.
+``body_timeout`` (408), a body past its first MiB waits, unread, for room under
+``max_buffered_bytes`` (503 when none came in time) and is parsed when no other large one
+is, a body's JSON values are counted before it is parsed (413 over ``max_json_values``:
+millions of ``{}`` are never built), ``max_items`` is checked before any trace or query is
+read, and a client that leaves is one line in the log.
 
 Nothing slow runs on the event loop: a request's JSON is parsed and its images decoded in
 a worker thread, and its traces are checked for size before they are tokenised (more
@@ -98,8 +98,8 @@ log = logging.getLogger(__name__)
 TOKENIZER_THREADS = 2
 """Threads that tokenise requests: one long trace leaves the other free for small ones."""
 SMALL_BODY = 2**20
-"""Bytes of a body never refused for ``max_buffered_bytes``, and parsed alongside any others:
-small requests pass while large ones are refused or parsed one at a time."""
+"""Bytes of a body read before it needs room under ``max_buffered_bytes``: smaller bodies never
+wait for room and are parsed alongside others; larger ones wait their turn for both."""
 
 
 @dataclass
@@ -284,53 +284,70 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.exception_handler(RequestError)
     async def _refused(request, exc: RequestError):
-        # A body that stopped coming: nothing more is waited for on its connection. (After a
-        # 413 or 503 the rest of a body still coming is read and dropped, not kept, so that
-        # the client reads the answer rather than a reset; the header timeout bounds how long.)
-        headers = {"Connection": "close"} if exc.status == 408 else {"Retry-After": "1"} if exc.status == 503 else {}
+        # 408, 503: a body that stopped coming, or was never given room; nothing more is read
+        # on its connection. (After a 413 the rest of a body still coming is read and dropped,
+        # not kept, so that the client reads the answer rather than a reset; the header timeout
+        # bounds how long.)
+        headers = {"Connection": "close"} if exc.status in (408, 503) else {}
+        if exc.status == 503:
+            headers["Retry-After"] = "1"
         return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
 
-    buffered = 0  # bytes of the bodies being read or parsed, all requests together (event loop only: no lock)
+    room = asyncio.Condition()  # wakes the large bodies waiting for room when one gives its room back
+    reserved = 0  # bytes given to large bodies being read or parsed (the event loop's own count: no lock)
 
     async def raw_body(request: Request, held: list[int]) -> bytes:
-        """The body, read as it streams in: refused at ``max_request_bytes`` (413), when it
-        has not arrived whole within ``body_timeout`` (408), or when it would take the bodies
-        held at once past ``max_buffered_bytes`` (503); ``held[0]``: its bytes counted in
-        ``buffered``, for the caller to give back."""
-        nonlocal buffered
+        """The body, read as it streams in: refused at ``max_request_bytes`` (413) or when it
+        has not arrived whole within ``body_timeout`` (408). Past its first ``SMALL_BODY``
+        bytes a body waits, unread, until the large bodies held at once leave room for it
+        under ``max_buffered_bytes`` (for its declared length, or ``max_request_bytes`` when
+        it is sent in chunks; alone, it always has room): 503 when none came within
+        ``body_timeout``. ``held[0]``: the room it was given, for the caller to give back."""
+        nonlocal reserved
         cap = settings.max_request_bytes
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > cap:
             raise RequestError(413, f"request body of {length} bytes is over the server's {cap}")
-        chunks, n = [], 0
+        size = int(length) if length and length.isdigit() else cap
+        chunks, n, waiting = [], 0, False
 
         async def read() -> None:
-            nonlocal buffered, n
+            nonlocal n, reserved, waiting
             # Stopped at the cap as it streams in: a chunked body has no length to check.
             async for chunk in request.stream():
                 n += len(chunk)
                 if n > cap:
                     raise RequestError(413, f"request body of more than {cap} bytes is over the server's {cap}")
-                if n > SMALL_BODY and buffered + len(chunk) > settings.max_buffered_bytes:
-                    raise RequestError(
-                        503,
-                        f"the server holds {settings.max_buffered_bytes} bytes of request bodies at once, and other "
-                        "requests' fill it now; send this one again shortly",
-                    )
-                buffered += len(chunk)
-                held[0] += len(chunk)
+                if n > SMALL_BODY and not held[0]:
+                    # Waiting, its connection is not read: the client's sending stalls, and
+                    # costs nothing here.
+                    waiting = True
+                    async with room:
+                        await room.wait_for(lambda: reserved == 0 or reserved + size <= settings.max_buffered_bytes)
+                        reserved += size
+                        held[0] = size
+                    waiting = False
                 chunks.append(chunk)
 
         try:
             await asyncio.wait_for(read(), settings.body_timeout)
         except (asyncio.TimeoutError, TimeoutError):
+            what = "waited for room" if waiting else "did not arrive"
             log.warning(
-                "%s: %s's body did not arrive within --body-timeout %g s (%d bytes came): 408",
+                "%s: %s's body %s within --body-timeout %g s (%d bytes came): %d",
                 peer(request.client),
                 request.url.path,
+                what,
                 settings.body_timeout,
                 n,
+                503 if waiting else 408,
             )
+            if waiting:
+                raise RequestError(
+                    503,
+                    f"no room for a body of {size} bytes within {settings.body_timeout:g} s: other large requests "
+                    f"hold the server's {settings.max_buffered_bytes} bytes for bodies; send it again shortly",
+                ) from None
             raise RequestError(
                 408, f"the request body did not arrive whole within {settings.body_timeout:g} s; send it faster"
             ) from None
@@ -345,10 +362,10 @@ def create_app(prm, settings: ServeSettings | None = None):
     large = asyncio.Semaphore(1)
 
     async def parsed_body(request: Request, parse):
-        """``parse(raw)`` of the body, in a worker thread; its bytes count as held until then.
-        Bodies over ``SMALL_BODY`` are parsed one at a time: however many come at once, the
-        threads and the interpreter lock stay free enough for small requests."""
-        nonlocal buffered
+        """``parse(raw)`` of the body, in a worker thread; a large body's room is held until
+        then. Bodies over ``SMALL_BODY`` are parsed one at a time: however many come at once,
+        the threads and the interpreter lock stay free enough for small requests."""
+        nonlocal reserved
         held = [0]
         try:
             raw = await raw_body(request, held)
@@ -357,7 +374,10 @@ def create_app(prm, settings: ServeSettings | None = None):
             async with large:
                 return await asyncio.to_thread(parse, raw)
         finally:
-            buffered -= held[0]
+            if held[0]:
+                async with room:
+                    reserved -= held[0]
+                    room.notify_all()
 
     def parse_body(raw: bytes):
         """The JSON, once its values are counted (a cheap scan): a body of millions of tiny

@@ -66,8 +66,8 @@ class ServeOptions:
     )
     max_buffered_bytes: int = _f(
         256 * 2**20,
-        "request body bytes held in memory at once, all requests together (bodies being read or parsed): a body "
-        "that would go over it is refused once past its first MiB (503, retry later); smaller ones never are",
+        "bytes of large request bodies (over 1 MiB) held in memory at once, all requests together: past its first "
+        "MiB a body waits, unread, until there is room for its length (503 when none came within --body-timeout)",
     )
     max_image_pixels: int = _f(
         DEFAULT_MAX_IMAGE_PIXELS,

@@ -37,8 +37,8 @@ reach the server through DNS rebinding); on 0.0.0.0 or behind a reverse proxy, l
 names clients use with --allowed-hosts. POST bodies must be 'Content-Type: application/json'.
 
 Slow and hostile clients are bounded: a connection must send its headers within
---header-timeout and a body within --body-timeout, at most --max-connections are open, the
-bodies held at once stop at --max-buffered-bytes, and a body's JSON values are counted
+--header-timeout and a body within --body-timeout, at most --max-connections are open, large
+bodies wait, unread, for room under --max-buffered-bytes, and a body's JSON values are counted
 (--max-json-values) before it is parsed; a client that leaves is one line in the log.
 
   curl -s localhost:8000/v1/score -H 'content-type: application/json' \\
