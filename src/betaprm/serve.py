@@ -296,7 +296,7 @@ def create_app(prm, settings: ServeSettings | None = None):
     room = asyncio.Condition()  # wakes the large bodies waiting for room when one gives its room back
     reserved = 0  # bytes given to large bodies being read or parsed (the event loop's own count: no lock)
 
-    async def raw_body(request: Request, held: list[int]) -> bytes:
+    async def raw_body(request: Request, held: list[int]) -> bytearray:
         """The body, read as it streams in: refused at ``max_request_bytes`` (413) or when it
         has not arrived whole within ``body_timeout`` (408). Past its first ``SMALL_BODY``
         bytes a body waits, unread, until the large bodies held at once leave room for it
@@ -309,16 +309,15 @@ def create_app(prm, settings: ServeSettings | None = None):
         if length and length.isdigit() and int(length) > cap:
             raise RequestError(413, f"request body of {length} bytes is over the server's {cap}")
         size = int(length) if length and length.isdigit() else cap
-        chunks, n, waiting = [], 0, False
+        body, n, waiting = bytearray(), 0, False  # one buffer, not pieces joined (a copy) at the end
 
         async def read() -> None:
-            nonlocal n, reserved, waiting
+            nonlocal body, n, reserved, waiting
             # Stopped at the cap as it streams in: a chunked body has no length to check.
             async for chunk in request.stream():
-                n += len(chunk)
-                if n > cap:
+                if n + len(chunk) > cap:
                     raise RequestError(413, f"request body of more than {cap} bytes is over the server's {cap}")
-                if n > SMALL_BODY and not held[0]:
+                if n + len(chunk) > SMALL_BODY and not held[0]:
                     # Waiting, its connection is not read: the client's sending stalls, and
                     # costs nothing here.
                     waiting = True
@@ -327,7 +326,17 @@ def create_app(prm, settings: ServeSettings | None = None):
                         reserved += size
                         held[0] = size
                     waiting = False
-                chunks.append(chunk)
+                    # From here one block of the body's whole length: a buffer grown step by step
+                    # leaves the blocks of bodies that came and went scattered in the process's
+                    # memory, which then grows past what the bodies hold at any one time.
+                    whole = bytearray(size)
+                    whole[:n] = body
+                    body = whole
+                if held[0]:
+                    body[n : n + len(chunk)] = chunk
+                else:
+                    body.extend(chunk)
+                n += len(chunk)
 
         try:
             await asyncio.wait_for(read(), settings.body_timeout)
@@ -357,7 +366,8 @@ def create_app(prm, settings: ServeSettings | None = None):
                 "%s went away before %s's body arrived (%d bytes came)", peer(request.client), request.url.path, n
             )
             raise RequestError(400, "the client went away before its body arrived") from None
-        return b"".join(chunks)
+        del body[n:]  # a body sent in chunks was given room for the cap
+        return body
 
     large = asyncio.Semaphore(1)
 
