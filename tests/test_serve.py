@@ -27,6 +27,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc) -> None:
+    """SIGTERM (the server finishes in-flight requests), then SIGKILL after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 class Server:
     """``betaprm serve`` in its own process; waits until /health answers (asked with
     ``poll_headers``: the key, a Host the server accepts)."""
@@ -73,12 +83,7 @@ class Server:
         return out
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")

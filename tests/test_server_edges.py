@@ -5,7 +5,6 @@ against role-marker text inside a question."""
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 from betaprm.chat import ChatTemplateReader
 
 from .chat_templates import chat_tokenizer
-from .test_serve import free_port, prm_dir  # noqa: F401  (prm_dir: the tiny BetaPRM, a module fixture)
+from .test_serve import free_port, prm_dir, stop_process  # noqa: F401  (prm_dir: the tiny BetaPRM, a module fixture)
 
 HEADER_TIMEOUT, BODY_TIMEOUT, MAX_CONNECTIONS, MAX_BUFFERED = 2, 3, 8, 8 * 2**20
 
@@ -88,12 +87,7 @@ class LoggedServer:
         raise AssertionError(field)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         self._log.close()
 
 
