@@ -114,6 +114,10 @@ CLAIMS = {
         "kappa-ACA minus Best-of-n decided by the reliability-weighted vote at kappa-ACA's tokens",
         lambda pp: _matched_d(pp, "betaprm_reliability_vote"),
     ),
+    "kappa-ACA vs the authors' ACA rules": (
+        "kappa-ACA (our rules) minus ACA under the paper authors' rules (same BetaPRM) at kappa-ACA's tokens",
+        lambda pp: _matched_d(pp, "aca_authors"),
+    ),
     "adaptive vote vs Best-of-N reliability vote": (
         "the adaptive reliability vote (table point) minus Best-of-N's reliability vote on the whole pool",
         _vote_vs_bon16,

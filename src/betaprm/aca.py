@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import aca_rules
 from . import adaptive_vote as av
 from .errors import BetaPRMInputError
 from .evaluation.frontier import Point
@@ -136,7 +137,24 @@ class ACASettings:
         "with pruning: the level a later candidate's upper bounds mu + c_cut*sigma must stay above while it is "
         "written, as this quantile of the first batch's lowest upper bounds",
     )
+    rules: str = _f(
+        "betaprm",
+        "the rule set: " + "; ".join(f"{k}: {v}" for k, v in aca_rules.RULES.items()) + " (docs/aca.md)",
+        choices=tuple(aca_rules.RULES),
+    )
+    oversample: float | None = _f(
+        None,
+        "draw round(n * this) samples for a batch of n and keep the n longest distinct ones, every drawn token "
+        "counted (default: 1, or the authors' 2 with --rules authors)",
+    )
     seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id and the round)")
+
+    @property
+    def draws(self) -> float:
+        """``oversample`` with its default filled in."""
+        if self.oversample is not None:
+            return self.oversample
+        return aca_rules.AUTHORS_OVERSAMPLE if self.rules == "authors" else 1.0
 
     def budget_problems(self) -> list[str]:
         """What is wrong with ``n0``, ``m``, ``budget`` and the answer-level settings (nothing:
@@ -149,6 +167,10 @@ class ACASettings:
                 bad.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0 < self.keep_top <= 1:
             bad.append(f"keep_top must be a fraction in (0, 1], got {self.keep_top}")
+        if self.rules not in aca_rules.RULES:
+            bad.append(f"rules must be one of {', '.join(aca_rules.RULES)}, got {self.rules!r}")
+        if self.oversample is not None and not 1 <= self.oversample <= 64:
+            bad.append(f"oversample must be in [1, 64] (samples drawn per sample kept), got {self.oversample}")
         return bad
 
 
@@ -231,18 +253,27 @@ class ACAState:
         self.task, self.cfg = task, cfg
         self.cands: list[Candidate] = []
         self.rounds: list[dict] = []
-        self.tokens = 0
+        self.tokens = 0  # every generated token (the authors' "actual")
+        self.tokens_kept = 0  # those of the kept samples (the authors' "effective")
+        self.traces_scored = 0  # the PRM's work: the authors' rules rescore the pool every round
         self.done = False
         self.stop_reason = ""
         self.next_req = self._request([], cfg.n0, 0)
+        self.next_n = cfg.n0  # samples the next batch keeps (its request draws more when oversampling)
         self.next_meta = (None, None)  # (parent, cut) of the next batch
         self.prune_level: float | None = None  # learned on the first batch (--prune)
         self.n_checked = 0  # candidates already checked for pruning
 
     def _request(self, prefix: list[str], n: int, rnd: int) -> GenerationRequest:
         t = self.task
+        self.next_n = n
         return GenerationRequest(
-            t.question, prefix, n, t.handle, _request_seed(self.cfg.seed, t.id, rnd), images=list(t.images)
+            t.question,
+            prefix,
+            aca_rules.n_drawn(n, self.cfg.draws),
+            t.handle,
+            _request_seed(self.cfg.seed, t.id, rnd),
+            images=list(t.images),
         )
 
     def view(self) -> list[StepScores]:
@@ -255,13 +286,12 @@ class ACAState:
         if cfg.prune:
             self._prune(pool)
         S = candidate_scores(pool, "lin", cfg.lam)
-        U = np.array([p.sigma.mean() for p in pool])
+        U = np.array([aca_rules.uncertainty(p.sigma, cfg.rules) for p in pool])
         lcb, ucb = S - cfg.c_stop * U, S + cfg.c_stop * U
         best = int(np.argmax(S))
-        best_answer = self.cands[best].answer
-        rivals = [
-            i for i, c in enumerate(self.cands) if i != best and (best_answer is None or c.answer != best_answer)
-        ]
+        rivals = aca_rules.rivals([c.answer for c in self.cands], best, cfg.rules)
+        if cfg.rules == "authors":  # their repair targets: rivals whose UCB reaches the best's LCB
+            rivals = [i for i in rivals if ucb[i] >= lcb[best]]
         max_ucb = float(max(ucb[rivals])) if rivals else None
         info = {
             "round": len(self.rounds),
@@ -273,6 +303,8 @@ class ACAState:
         }
         if cfg.stop_rule == "bounds":
             confident = max_ucb is None or lcb[best] - max_ucb > cfg.stop_margin
+            if cfg.rules == "authors" and len(self.cands) < cfg.n0:  # theirs: no test on a short first batch
+                confident = False
         else:
             confident = self._answers_settled(pool, info)
         if cfg.early_stop and confident:
@@ -281,6 +313,9 @@ class ACAState:
         if len(self.cands) >= cfg.budget:
             self._finish(info, "budget")
             return
+        if cfg.rules == "authors" and not rivals and cfg.early_stop:  # theirs: no plausible rival, stop
+            self._finish(info, "confident")
+            return
         n = min(cfg.m, cfg.budget - len(self.cands))
         rnd = len(self.rounds) + 1
         if not cfg.repair or cfg.allocate == "fresh":
@@ -288,14 +323,18 @@ class ACAState:
         elif cfg.allocate == "runner-up":
             target = self._runner_up(pool)
         else:
-            others = rivals or [i for i in range(len(self.cands)) if i != best]
-            target = max(others, key=lambda i: (ucb[i], -i))
+            others = rivals
+            if cfg.rules == "betaprm" and not others:
+                others = [i for i in range(len(self.cands)) if i != best]
+            target = max(others, key=lambda i: (ucb[i], -i)) if others else None
         if target is None:
             self.next_req = self._request([], n, rnd)
             self.next_meta = (None, None)
             info.update(action="sample", new=n)
         else:
-            cut = self._cut(pool[target])
+            cut = aca_rules.cut_point(
+                self.cands[target].steps, pool[target].mu, pool[target].sigma, cfg.c_cut, cfg.p_bad, cfg.rules
+            )
             self.next_req = self._request(list(self.cands[target].steps[:cut]), n, rnd)
             self.next_meta = (target, cut)
             info.update(action="repair", repaired=target, cut=cut, new=n)
@@ -363,17 +402,9 @@ class ACAState:
             if t is not None:
                 kept = sum((c.step_tokens or [])[: t + 1 - first])
                 self.tokens -= c.n_tokens - kept
+                self.tokens_kept -= c.n_tokens - kept
                 c.n_tokens, c.pruned = kept, t
         self.n_checked = len(self.cands)
-
-    def _cut(self, s: StepScores) -> int:
-        T = len(s.mu)
-        eligible = range(T - 1) if T > 1 else range(1)
-        low = [t for t in eligible if s.mu[t] - self.cfg.c_cut * s.sigma[t] < self.cfg.p_bad]
-        if low:
-            return low[0]
-        sig = s.sigma[list(eligible)]
-        return int(np.argmax(sig))
 
     def _finish(self, info: dict, reason: str) -> None:
         info["action"] = "stop"
@@ -383,7 +414,10 @@ class ACAState:
     def record(self, is_correct, write_candidates: bool) -> dict:
         cfg = self.cfg
         pool = self.view()
-        scores = candidate_scores(pool, cfg.final, cfg.final_lam, cfg.final_tau)
+        if cfg.rules == "authors":  # theirs: the top candidate by the stopping test's own score
+            scores = candidate_scores(pool, "lin", cfg.lam)
+        else:
+            scores = candidate_scores(pool, cfg.final, cfg.final_lam, cfg.final_tau)
         chosen = int(np.argmax(scores))
         if cfg.final_vote:  # the answer with the most weight, by its best candidate
             answers, w, _ = self._votes(pool, cfg.final_lam)
@@ -408,6 +442,8 @@ class ACAState:
             "stop_reason": self.stop_reason,
             "pool_size": len(self.cands),
             "tokens": self.tokens,
+            **({"tokens_kept": self.tokens_kept} if cfg.draws > 1 else {}),
+            **({"traces_scored": self.traces_scored} if cfg.rules == "authors" else {}),
             "rounds": self.rounds,
         }
         if write_candidates:
@@ -449,8 +485,11 @@ def run_aca(
             for s, cs in zip(active, comps):
                 parent, cut = s.next_meta
                 prefix = list(s.next_req.prefix)
+                s.tokens += sum(c.n_tokens for c in cs)
+                if s.cfg.draws > 1:
+                    cs = [cs[i] for i in aca_rules.keep_longest([c.steps for c in cs], s.next_n)]
                 for c in cs:
-                    s.tokens += c.n_tokens
+                    s.tokens_kept += c.n_tokens
                     steps = prefix + list(c.steps)
                     cand = Candidate(
                         steps,
@@ -464,6 +503,10 @@ def run_aca(
                     s.cands.append(cand)
                     new.append((s, cand))
             scorable = [(s, c) for s, c in new if c.steps]
+            if cfg.rules == "authors":  # theirs: the whole pool rescored every round
+                scorable = [(s, c) for s in active for c in s.cands if c.steps]
+            for s, _ in scorable:
+                s.traces_scored += 1
             scored = scorer([s.task.trace(c.steps) for s, c in scorable]) if scorable else []
             for (s, c), sc in zip(scorable, scored):
                 c.scores = sc

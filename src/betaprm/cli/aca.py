@@ -161,7 +161,10 @@ def run(args):
 def _run(cfg):
     r = setup(cfg)
     final_lam, final_tau = cfg.final_lam, cfg.final_tau
-    if cfg.final == "rb" and final_tau is None and r.world is not None:
+    if cfg.rules == "authors":  # their final choice is part of their rule set: no S_RB to tune
+        print(f"--rules authors: final choice by the top S_lin (lambda {cfg.lam}), as their orchestrator's")
+        cfg.final, final_lam, final_tau = "lin", cfg.lam, None
+    elif cfg.final == "rb" and final_tau is None and r.world is not None:
         n_val = 300
         res = tune_rb_on_world(r.world, r.scorer, cfg.budget, cfg.seed, final_lam, n_val=n_val)
         print(
@@ -219,6 +222,12 @@ def _plot(cfg, records, s, final_lam, final_tau, others=()):
         _plot_frontiers(cfg, records, others, base if cfg.baseline else None, final_lam, final_tau)
 
 
+def _label(settings: dict) -> str:
+    """A run's name on a frontier: its variant, and the rule set when it is not ours."""
+    rules = settings.get("rules", "betaprm")
+    return settings["variant"] if rules == "betaprm" else f"{settings['variant']} ({rules}' rules)"
+
+
 def _judged_ids(records) -> list:
     """The ids of the problems with a reference answer, in ``records``' order: those an
     accuracy counts (``aca.summarize``'s), so a frontier and the summary agree."""
@@ -268,13 +277,14 @@ def _frontier_runs(cfg, ids: list) -> list[tuple[str, frontier.Point]]:
             settings = json.loads(meta.read_text(encoding="utf-8"))["settings"]
             variant = settings["variant"]
             KNOBS[variant]
+            label = _label(settings)
         except (OSError, ValueError, KeyError, TypeError):
             raise BetaPRMInputError(
                 f"--frontier {path}: {meta} is missing or not a betaprm aca settings file; give the records of "
                 "betaprm aca runs, each with the OUT.meta.json it wrote"
             ) from None
         recs = list(read_objects(path, ("id",), "an ACA record", "--frontier"))
-        runs.append((variant, _run_point(variant, settings, recs, ids, f"--frontier {path}")))
+        runs.append((label, _run_point(variant, settings, recs, ids, f"--frontier {path}")))
     return runs
 
 
@@ -285,9 +295,10 @@ def _plot_frontiers(cfg, records, others, baseline, final_lam, final_tau):
     this = _run_point(
         cfg.variant, vars(cfg), [(f"{cfg.out}:{i}", r) for i, r in enumerate(records, 1)], ids, "this run"
     )
-    sweeps = {cfg.variant: [this]}
-    for variant, point in others:
-        sweeps.setdefault(variant, []).append(point)
+    mine = _label(vars(cfg))
+    sweeps = {mine: [this]}
+    for label, point in others:
+        sweeps.setdefault(label, []).append(point)
     if baseline is not None:
         method = cfg.final if final_tau is not None or cfg.final != "rb" else "lin"
         by_id = {r["id"]: r for r in baseline}
@@ -296,23 +307,23 @@ def _plot_frontiers(cfg, records, others, baseline, final_lam, final_tau):
         sweeps["Best-of-n (baseline)"] = best_of_n_points(
             [by_id[i] for i in ids], method, final_lam if final_lam is not None else 0.5, final_tau
         )
-    curves = {name: frontier.curve(pts, seed=cfg.seed) for name, pts in sweeps.items()}
+    curves = {label: frontier.curve(pts, seed=cfg.seed) for label, pts in sweeps.items()}
     plots.frontier_curves(curves, Path(cfg.plots) / "aca_frontier.png", xlabel="generated tokens")
-    for name, pts in sweeps.items():
+    for label in sweeps:
         print(
-            f"frontier {name} ({KNOBS.get(name, 'n')}): "
-            + "; ".join(f"{r['knob']:g}: {r['tokens']:.0f} tokens, {r['acc']:.3f}" for r in curves[name])
+            f"frontier {label} ({KNOBS.get(label.split(' (')[0], 'n')}): "
+            + "; ".join(f"{r['knob']:g}: {r['tokens']:.0f} tokens, {r['acc']:.3f}" for r in curves[label])
         )
-    for name, pts in sweeps.items():
-        if name == cfg.variant:
+    for label, pts in sweeps.items():
+        if label == mine:
             continue
-        d = frontier.dominance(sweeps[cfg.variant], pts)
+        d = frontier.dominance(sweeps[mine], pts)
         m = frontier.matched(this, pts, seed=cfg.seed)
-        higher = {"a": cfg.variant, "b": name}.get(d["verdict"], d["verdict"])
+        higher = {"a": mine, "b": label}.get(d["verdict"], d["verdict"])
         at = (
             "outside its tokens"
             if m is None
             else f"{m['diff']:+.3f} [{m['ci'][0]:+.3f}, {m['ci'][1]:+.3f}] at {m['tokens']:.0f} tokens"
         )
-        print(f"{cfg.variant} vs {name}: higher frontier {higher}; this run minus {name}: {at}")
+        print(f"{mine} vs {label}: higher frontier {higher}; this run minus {label}: {at}")
     print(f"wrote {Path(cfg.plots) / 'aca_frontier.png'}")

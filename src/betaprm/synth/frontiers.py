@@ -122,6 +122,7 @@ ACA_KNOBS = {
     "aca_no_early_stop": ("budget", (4, 8, 12, 16), 16),
     "aca_reward_only": ("stop_margin", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5), 0.0),
     "aca_proxy": ("c_stop", (0.0, 0.05, 0.1, 0.2, 0.3, 0.6), 0.3),
+    "aca_authors": ("c_stop", (0.0, 0.05, 0.1, 0.2, 0.3, 0.6), 0.3),
     "vote": _THRESHOLDS,
     "vote_sigma0": _THRESHOLDS,
     "vote_runner_up": _THRESHOLDS,
@@ -134,6 +135,7 @@ FRONTIER_PAIRS = (
     ("aca", "aca_reward_only", "learned sigma vs none"),
     ("aca", "aca_proxy", "learned sigma vs the proxy sqrt(mu(1-mu))"),
     ("aca", "bon_betaprm_rb", "ACA vs Best-of-n with the same PRM and final selector"),
+    ("aca", "aca_authors", "our ACA rules vs the paper authors' orchestrator's (the same BetaPRM)"),
     ("vote", "bon_betaprm_reliability_vote", "the adaptive reliability vote vs Best-of-n's reliability vote"),
     ("vote", "adaptive_consistency", "the reliability-weighted adaptive vote vs Adaptive-Consistency"),
     ("vote", "esc", "the reliability-weighted adaptive vote vs Early-Stopping Self-Consistency"),
@@ -221,6 +223,8 @@ def aca_table(
         "aca_no_early_stop": ("betaprm", dict(early_stop=False, **rb)),
         "aca_reward_only": ("standard_prm", dict(uncertainty="none", final="lin", seed=seed)),
         "aca_proxy": ("standard_prm", dict(uncertainty="proxy", final="lin", seed=seed)),
+        # The authors' rule set (aca_rules): their final choice is the top S_lin.
+        "aca_authors": ("betaprm", dict(rules="authors", final="lin", seed=seed)),
         **answer_level_variants(tuned["reliability_vote"], seed),
     }
 

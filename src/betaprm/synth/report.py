@@ -16,6 +16,7 @@ ACA_LABELS = {
     "aca_no_early_stop": "ACA w/o early stop (BetaPRM, S_RB)",
     "aca_reward_only": "ACA reward-only (standard PRM, sigma = 0)",
     "aca_proxy": "ACA proxy sigma (standard PRM, sqrt(mu(1-mu)))",
+    "aca_authors": "ACA, the authors' rules (BetaPRM, top S_lin)",
     "vote": "adaptive reliability vote (BetaPRM)",
     "vote_sigma0": "adaptive vote, sigma = 0 (BetaPRM mu)",
     "vote_runner_up": "adaptive reliability vote, runner-up repair",
