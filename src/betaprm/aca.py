@@ -29,6 +29,10 @@ stops a later candidate at the first step whose upper bound falls below a level 
 the first batch (its tokens counted up to that step, its vote dropped); ``final_vote`` makes
 the final choice by the weighted vote. docs/aca.md derives the rules.
 
+``rules="authors"`` runs the paper authors' orchestrator's rule set instead of ours (their
+``U``, rivals, cut filters, two draws per kept sample, whole-pool rescoring and top-1 S_lin:
+``aca_rules``, and docs/aca.md's table of which and why).
+
 Over 400 lines because the controller is one state machine: the paper's rule and the
 answer-level rules share its rounds, allocation, token accounting and records.
 
