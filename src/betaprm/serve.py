@@ -20,8 +20,16 @@ under uvicorn) with
   same numbers) is the ``aggregate`` trace score, ``step_rewards`` the steps' ``mu``. A
   request without ``prompts`` is refused (400) unless ``allow_no_prompts``: then the
   question and the response are read from the query alone (the response starts after the
-  template's last generation prompt). An empty ``query`` list gets empty lists;
-- ``GET /health`` and ``GET /v1/models`` (the model's ``model_name``, never a file path).
+  template's last generation prompt). An empty ``query`` list gets empty lists. With
+  ``step_reliability`` (or a request's ``"return_reliability": true``) the answer also holds
+  ``step_kappa`` and ``step_sigma`` per step; without, it is byte for byte what it was;
+- ``GET /health``, ``GET /v1/models`` (the model's ``model_name``, never a file path) and
+  ``GET /metrics`` (Prometheus' text format, ``betaprm.serve_metrics``: requests by route and
+  status, errors, latency, scored batch sizes, the scorer's queue), with ``access_log`` one
+  line per request in the log.
+
+``run_server`` runs the app under uvicorn on a socket bound beforehand
+(``serve_requests.listen_socket``), and says it serves only once uvicorn accepts connections.
 
 Every route checks, before anything else, the ``Host`` header against ``allowed_hosts``
 (a browser page reaching a loopback server through DNS rebinding sends its own host name:
@@ -73,6 +81,7 @@ from .errors import BetaPRMInputError
 from .formatting import encode_traces
 from .scoring import max_positions, score_token_ids
 from .selection import METHODS, candidate_scores
+from .serve_metrics import CONTENT_TYPE_LATEST, Observe, ServerMetrics
 from .serve_requests import (
     MAX_LAM,
     Guard,
@@ -91,7 +100,7 @@ from .serve_requests import (
 from .types import StepScores
 from .vision import score_multimodal
 
-__all__ = ["ServeSettings", "create_app", "trace_scores", "uvicorn_options"]
+__all__ = ["ServeSettings", "create_app", "run_server", "trace_scores", "uvicorn_options"]
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +153,10 @@ class _Batcher:
     """Gathers queued encoded traces into batches; one worker thread scores each batch, so
     the event loop only answers requests and the scorer only runs the model."""
 
-    def __init__(self, prm, settings: ServeSettings):
+    def __init__(self, prm, settings: ServeSettings, on_batch=None):
         self.prm = prm
         self.settings = settings
+        self.on_batch = on_batch  # called with each scored batch's number of traces
         self.limit = max_positions(prm)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="betaprm-score")
@@ -242,6 +252,8 @@ class _Batcher:
                 results = [await loop.run_in_executor(self.pool, self._score_alone, b) for b in batch]
             self.batches += 1
             self.traces += len(batch)
+            if self.on_batch is not None:
+                self.on_batch(len(batch))
             for (_, _, f), r in zip(batch, results):
                 if not f.done():
                     f.set_exception(r) if isinstance(r, Exception) else f.set_result(r)
@@ -250,14 +262,15 @@ class _Batcher:
 def create_app(prm, settings: ServeSettings | None = None):
     """The FastAPI app serving ``prm`` (see the module docstring)."""
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
     from starlette.requests import ClientDisconnect
 
     settings = settings or ServeSettings()
     bad = settings.option_problems()
     if bad:
         raise BetaPRMInputError("; ".join(bad))
-    batcher = _Batcher(prm.eval(), settings)
+    metrics = ServerMetrics(queue_depth=lambda: batcher.queue.qsize())
+    batcher = _Batcher(prm.eval(), settings, on_batch=metrics.batch)
     reader = reward_reader(prm, settings)
     vision = prm.processor is not None  # images come as data URLs in /v1/score
     if vision:
@@ -460,8 +473,13 @@ def create_app(prm, settings: ServeSettings | None = None):
                 'the body must be {"query": [texts], "prompts": [texts], "labels": [...]} (OpenRLHF\'s remote '
                 "reward model)",
             )
+        reliability = body.get("return_reliability", settings.step_reliability)
+        if not isinstance(reliability, bool):
+            raise RequestError(
+                400, f"field 'return_reliability' must be true or false, got {type(reliability).__name__}"
+            )
         if not body["query"]:  # OpenRLHF's client sends empty lists to spare servers
-            return [], []
+            return [], [], reliability
         check_count(len(body["query"]))  # before any query is read
         try:
             traces = reward_traces(
@@ -471,7 +489,7 @@ def create_app(prm, settings: ServeSettings | None = None):
             raise RequestError(400, str(e)) from None
         names = [f"query[{i}]" for i in range(len(traces))]
         check(traces, names)
-        return traces, names
+        return traces, names, reliability
 
     @app.get("/health")
     async def health():
@@ -501,9 +519,14 @@ def create_app(prm, settings: ServeSettings | None = None):
             ]
         }
 
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
     @app.post("/v1/score")
     async def score(request: Request):
         single, traces, names, lam, tau = await parsed_body(request, parse_score)
+        request.state.items = len(traces)
         scores = await batcher.score(traces, names)
         results = [{**s.to_dict(), "scores": trace_scores(s, lam, tau)} for s in scores]
         # A ready response: FastAPI's encoder would walk every float of every list again.
@@ -511,12 +534,37 @@ def create_app(prm, settings: ServeSettings | None = None):
 
     @app.post("/get_reward")
     async def get_reward(request: Request):
-        traces, names = await parsed_body(request, parse_reward)
-        if not traces:
-            return JSONResponse({"rewards": [], "scores": [], "step_rewards": []})
-        scores = await batcher.score(traces, names)
+        traces, names, reliability = await parsed_body(request, parse_reward)
+        request.state.items = len(traces)
+        scores = await batcher.score(traces, names) if traces else []
         agg = [trace_scores(s, settings.lam, settings.tau)[settings.aggregate] for s in scores]
-        # OpenRLHF reads "rewards", and "scores" (dynamic filtering) when present.
-        return JSONResponse({"rewards": agg, "scores": agg, "step_rewards": [s.mu.tolist() for s in scores]})
+        # OpenRLHF reads "rewards", and "scores" (dynamic filtering) when present; it ignores
+        # other keys, so the steps' kappa and sigma go beside "step_rewards" when asked for.
+        answer = {"rewards": agg, "scores": agg, "step_rewards": [s.mu.tolist() for s in scores]}
+        if reliability:
+            answer["step_kappa"] = [s.kappa.tolist() for s in scores]
+            answer["step_sigma"] = [s.sigma.tolist() for s in scores]
+        return JSONResponse(answer)
 
+    # Outermost, added last: every request is counted and timed, those Guard refuses too.
+    routes = [r.path for r in app.routes if getattr(r, "path", None)]
+    app.add_middleware(Observe, metrics=metrics, paths=routes, access=settings.access_log)
     return app
+
+
+def run_server(app, sock, settings: ServeOptions, on_started=None) -> bool:
+    """Serve ``app`` with uvicorn on the bound socket ``sock`` (``serve_requests.listen_socket``)
+    until SIGTERM or SIGINT (the requests in flight are answered first). ``on_started()`` is
+    called once the socket accepts connections. False when the server never started (the
+    app's startup failed)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started and on_started is not None:
+                on_started()
+
+    server = Server(uvicorn.Config(app, **uvicorn_options(settings)))
+    server.run(sockets=[sock])
+    return server.started

@@ -1,4 +1,5 @@
-"""What the reward server checks of a request before anything reaches the model: how long
+"""What the reward server checks of a request before anything reaches the model, from the
+address it listens on (``listen_socket``, bound first: a port in use is one message) to how long
 a connection takes to send its headers (``http_protocol``, uvicorn's protocol with a header
 timeout), the ``Host`` header, the key and the content type of every request (``Guard``, an
 ASGI wrapper), and the JSON body: how many values it holds before it is parsed
@@ -13,15 +14,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hmac
 import json
 import logging
 import math
+import os
 import re
+import socket
 from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import BetaPRMInputError
 from .image_files import ImageRefused, decode_image
 from .numeric import NumberRefused, json_float, number
 from .options import DEFAULT_MAX_BATCH_TOKENS
@@ -88,6 +93,17 @@ class ServeOptions:
         "/get_reward: accept requests without 'prompts', reading the question and the response from the "
         "chat-templated query alone (the response starts after the template's last generation prompt)",
     )
+    step_reliability: bool = _f(
+        False,
+        "/get_reward: also answer each step's kappa and sigma, as 'step_kappa' and 'step_sigma' beside "
+        "'step_rewards' (OpenRLHF reads neither); a request may ask for them with \"return_reliability\": true, "
+        "or leave them out with false",
+    )
+    access_log: bool = _f(
+        False,
+        "write one line per request on stdout: client, method, path, status, milliseconds and the traces it "
+        "carried (items=N)",
+    )
 
     def option_problems(self) -> list[str]:
         """Every setting out of range, worded with its flag; empty when all are fine."""
@@ -116,6 +132,36 @@ def default_allowed_hosts(port: int) -> tuple[str, ...]:
     ``[::1]`` with the port (without it too on port 80, where clients leave it out)."""
     names = ("127.0.0.1", "localhost", "[::1]")
     return tuple(f"{n}:{port}" for n in names) + (names if port == 80 else ())
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` for uvicorn to listen on (``Server.run(sockets=
+    [...])``), bound before anything else starts so that an address in use stops the command
+    at once (exit 2, saying so), before the model loads and before anything says "serving"."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        raise BetaPRMInputError(f"--host {host!r} is not an address or a name this machine resolves ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    if os.name == "posix":  # a restart may reuse a port whose closed connections linger (TIME_WAIT)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        where = f"{host or '*'}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            why = f"{where} is already in use (another server listens there); stop it or choose another --port"
+        elif e.errno == errno.EACCES:
+            why = f"no permission to listen on {where} (ports below 1024 need privileges); choose another --port"
+        elif e.errno == errno.EADDRNOTAVAIL:
+            why = f"--host {host} is not an address of this machine; use one of its addresses or 127.0.0.1"
+        else:
+            why = f"cannot listen on {where}: {e.strerror or e}"
+        raise BetaPRMInputError(why) from None
+    return sock
 
 
 class RequestError(Exception):

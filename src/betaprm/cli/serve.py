@@ -10,7 +10,7 @@ from ..chat import load_policy_tokenizer
 from ..errors import BetaPRMInputError
 from ..generation.factory import api_key_problems, read_api_key
 from ..options import opt as _f
-from ..serve_requests import LOOPBACK, ServeOptions, default_allowed_hosts
+from ..serve_requests import LOOPBACK, ServeOptions, default_allowed_hosts, listen_socket
 from .flags import add_config_args, config_from_args
 
 HELP = "serve a PRM over HTTP for RL and search loops (/v1/score, OpenRLHF's /get_reward), with dynamic batching"
@@ -27,7 +27,11 @@ POST /get_reward {"query": [...], "prompts": [...], "labels": [...]}  ->  {"rewa
                  prompt, special tokens (<|im_end|>, padding) removed, cut into steps at
                  --step-separator; the reward is the --aggregate trace score. A request without
                  "prompts" is a 400 unless --allow-no-prompts.
-GET  /health, GET /v1/models
+                 --step-reliability (or "return_reliability": true in a request) adds
+                 "step_kappa" and "step_sigma" beside "step_rewards".
+GET  /health, GET /v1/models, GET /metrics (Prometheus: requests by route and status,
+                 errors, latency, scored batch sizes, queue depth); --access-log writes one
+                 line per request on stdout.
 
 Requests arriving together are scored together (up to --max-batch-tokens, waiting at most
 --max-wait-ms for more), with the same scores as `betaprm score`. Listens on 127.0.0.1 unless
@@ -35,6 +39,7 @@ Requests arriving together are scored together (up to --max-batch-tokens, waitin
 Only Host headers naming the loopback address with the port are answered (a web page cannot
 reach the server through DNS rebinding); on 0.0.0.0 or behind a reverse proxy, list the host
 names clients use with --allowed-hosts. POST bodies must be 'Content-Type: application/json'.
+The port is bound before the model loads: one in use stops the command (exit 2).
 
 Slow and hostile clients are bounded: a connection must send its headers within
 --header-timeout and a body within --body-timeout, at most --max-connections are open, large
@@ -120,24 +125,30 @@ def add_arguments(parser):
 
 
 def run(args):
+    cfg = config_from_args(ServeConfig, args)
+    # The address first: one in use stops the command at once (exit 2), before the model loads.
+    sock = listen_socket(cfg.host, cfg.port)
+    try:
+        return _serve(cfg, sock)
+    finally:
+        sock.close()
+
+
+def _serve(cfg: ServeConfig, sock) -> int:
     import torch
 
     try:
-        import uvicorn
-
-        from ..serve import ServeSettings, create_app, uvicorn_options
+        from ..serve import ServeSettings, create_app, run_server
     except ImportError as e:
         raise BetaPRMInputError(
-            f"betaprm serve needs FastAPI and uvicorn ({e}); pip install 'betaprm[serve]'"
+            f"betaprm serve needs FastAPI, uvicorn and prometheus_client ({e}); pip install 'betaprm[serve]'"
         ) from None
     from ..model import load_prm
 
-    cfg = config_from_args(ServeConfig, args)
     # Before the model: a bad --policy-tokenizer stops at once.
     policy = load_policy_tokenizer(cfg.policy_tokenizer, cfg.trust_remote_code) if cfg.policy_tokenizer else None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
-    print(f"serving {cfg.model} ({kind}) on http://{cfg.host}:{cfg.port}", flush=True)
     settings = ServeSettings(
         **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ServeOptions)},
         api_key=read_api_key(cfg.api_key_env),
@@ -149,6 +160,11 @@ def run(args):
         port=cfg.port,
     )
     app = create_app(prm, settings)
-    # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops.
-    uvicorn.run(app, host=cfg.host, port=cfg.port, **uvicorn_options(settings))
-    return 0
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+
+    def announce():  # once uvicorn accepts connections, never before
+        print(f"serving {cfg.model} ({kind}) on http://{host}:{cfg.port}", flush=True)
+
+    # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it stops; 3 (uvicorn's
+    # startup failure) when it never started.
+    return 0 if run_server(app, sock, settings, announce) else 3
