@@ -34,9 +34,9 @@ from pathlib import Path
 from .errors import BetaPRMInputError
 from .generation.base import GenerationError
 from .generation.openai import OpenAIGenerator
-from .generation.text import extract_answer, final_answer
+from .generation.text import bare_answer, extract_answer, final_answer
 
-__all__ = ["AnswerChecker", "LLMJudge", "extract_answer", "final_answer"]
+__all__ = ["AnswerChecker", "LLMJudge", "bare_answer", "extract_answer", "final_answer"]
 
 # Runs answer_worker.py (a plain script: not the betaprm package, whose import brings torch).
 # The first sys.path entry is the working directory, where a stray file could shadow a module.
@@ -207,13 +207,20 @@ class AnswerChecker:
 class LLMJudge:
     """Answer equivalence judged by a model behind an OpenAI-compatible server.
 
-    The judge sees only the reference and the extracted final answer and must reply yes
-    or no; any other reply, and any call that fails after the client's retries, is a
-    failed check (None), counted in ``failed``, never a wrong answer."""
+    The judge sees the reference and the extracted final answer (and the question with
+    ``with_question``: the paper's authors' judge reads it, which helps with answers whose
+    meaning depends on it, such as an option letter or a unit) and must reply yes or no;
+    any other reply, and any call that fails after the client's retries, is a failed check
+    (None), counted in ``failed``, never a wrong answer."""
 
     PROMPT = (
         "Reference answer: {gold}\nCandidate answer: {pred}\n"
         "Are the two answers mathematically equivalent? Reply with exactly one word: yes or no."
+    )
+    PROMPT_WITH_QUESTION = (
+        "Question: {question}\nReference answer: {gold}\nCandidate answer: {pred}\n"
+        "Is the candidate answer to the question the same as the reference answer, mathematically or in meaning "
+        "(ignore formatting such as LaTeX or \\boxed)? Reply with exactly one word: yes or no."
     )
 
     def __init__(
@@ -224,7 +231,9 @@ class LLMJudge:
         concurrency: int = 8,
         timeout: float = 60.0,
         max_retries: int = 2,
+        with_question: bool = False,
     ):
+        self.with_question = with_question
         # The key goes only where it is given (the CLI reads it from --api-key-env);
         # a judge that redirects is refused, never followed (BetaPRMInputError).
         self.client = OpenAIGenerator(
@@ -250,10 +259,16 @@ class LLMJudge:
     def __exit__(self, *exc):
         self.close()
 
-    def _one(self, gold, pred) -> bool | None:
+    def prompt(self, gold, pred, question: str | None = None) -> str:
+        """The text the judge is sent for one check."""
+        if self.with_question:
+            return self.PROMPT_WITH_QUESTION.format(question=question, gold=gold, pred=pred)
+        return self.PROMPT.format(gold=gold, pred=pred)
+
+    def _one(self, gold, pred, question: str | None = None) -> bool | None:
         body = {
             "model": self.client.model,
-            "messages": [{"role": "user", "content": self.PROMPT.format(gold=gold, pred=pred)}],
+            "messages": [{"role": "user", "content": self.prompt(gold, pred, question)}],
             "max_tokens": 4,
             "temperature": 0.0,
         }
@@ -265,14 +280,24 @@ class LLMJudge:
         word = word.split()[0].strip(".!,") if word else ""
         return True if word == "yes" else False if word == "no" else None
 
-    def check_many(self, pairs: Sequence[tuple[object, str | None]]) -> list[bool | None]:
+    def check_many(
+        self, pairs: Sequence[tuple[object, str | None]], questions: Sequence[str] | None = None
+    ) -> list[bool | None]:
+        """``(gold, predicted answer)`` pairs -> True / False / None (check failed);
+        ``questions``, one per pair, are what a ``with_question`` judge reads."""
+        if self.with_question and (questions is None or len(questions) != len(pairs)):
+            raise ValueError("a judge with_question needs one question per pair")
         out: list[bool | None] = [False] * len(pairs)
         todo = [i for i, (g, p) in enumerate(pairs) if g is not None and p is not None]
         for i, (g, _) in enumerate(pairs):
             if g is None:
                 out[i] = None
+
+        def ask(i):
+            return self._one(*pairs[i], questions[i] if questions is not None else None)
+
         with ThreadPoolExecutor(self.concurrency) as pool:
-            for i, v in zip(todo, pool.map(lambda i: self._one(*pairs[i]), todo)):
+            for i, v in zip(todo, pool.map(ask, todo)):
                 out[i] = v
         self.failed += sum(r is None for r in out)
         return out

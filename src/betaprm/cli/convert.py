@@ -7,7 +7,7 @@ from ..errors import BetaPRMInputError
 from ..provenance import check_paths
 from .flags import expand_path, number_flag
 
-HELP = "convert public PRM data (VisualPRM raw, Math-Shepherd, PRM800K, TRL) to betaprm records"
+HELP = "convert public PRM data (VisualPRM raw, Math-Shepherd, PRM800K, TRL, the authors' files) to betaprm records"
 DESCRIPTION = """Convert a public PRM data file to betaprm's record format, keeping the counts.
 
   visualprm-raw  VisualPRM400K(-v1.1)-Raw annotations: K, N = num_mc_correct, num_mc_total
@@ -24,6 +24,16 @@ DESCRIPTION = """Convert a public PRM data file to betaprm's record format, keep
   er-prm         ER-PRM soft labels (text with 'ки' after each step, value per step):
                  needs --soft-n N (ER-PRM used 16); K = p*N; --er-eta ETA recovers p from
                  the entropy-regularised value v = log(1 - p + p*e^ETA)/ETA
+  authors-train  the paper authors' training JSONL (InternVL conversations: 'Question: Q
+                 \\nProcess: s1<prm>s2<prm>', the gpt turn's ratio per step, prm_counts
+                 {k, n}); where prm_counts is missing, their loader's rule: N = 16,
+                 K = round(16*ratio), said in each record's meta and in the summary;
+                 images under --image-root (their meta json's root)
+  authors-pool   the authors' Best-of-N annotation file (JSON list: question,
+                 image_path/image, solutions_splits, labels) -> pool records, each
+                 candidate's 'correct' from labels; their scores (prm_mu, prm_kappa,
+                 prm_sigma) kept when present; images found as their evaluators find
+                 them (--image-root: their evaluator's root)
 
 Hard labels (N = 1) train a standard PRM; a BetaPRM's kappa learns nothing from them, and
 the summary says so (get counts with `betaprm label`).
@@ -57,7 +67,8 @@ def add_arguments(parser):
     parser.add_argument(
         "--image-root",
         type=expand_path,
-        help="visualprm-raw: folder that image paths are relative to (prefixed to them)",
+        help="visualprm-raw, authors-train, authors-pool: folder that image paths are relative to (their meta "
+        "json's or evaluator's root); paths under it are written absolute",
     )
     parser.add_argument(
         "--prm800k-neutral",
@@ -103,6 +114,16 @@ def run(args):
         [("--output", args.output), ("--rejects", rejects if args.on_error == "skip" else None)],
     )
     stats = convert_file(args.fmt, args.input, args.output, opts, on_error=args.on_error, rejects=rejects)
+    if args.fmt == "authors-pool":
+        msg = (
+            f"{args.input} ({args.fmt}): {stats['read']} read, {stats['written']} pools with {stats['candidates']} "
+            f"candidates written to {args.output}"
+        )
+        if stats["rejected"]:
+            msg += f", {stats['rejected']} rejected (see {rejects})"
+        print(msg)
+        _images_note(stats)
+        return 0
     msg = (
         f"{args.input} ({args.fmt}): {stats['read']} read, {stats['written']} records with {stats['steps']} steps "
         f"written to {args.output}"
@@ -122,4 +143,25 @@ def run(args):
         )
     if stats["soft"] and not stats["hard_labels"]:
         print('soft counts: K = p*N is fractional ("soft": true), never rounded')
+    if args.fmt == "authors-train":
+        print(
+            f"counts: {stats['written'] - stats['counts_fallback']} records from prm_counts, "
+            f"{stats['counts_fallback']} from the N = 16 fallback (K = round(16*ratio), their loader's rule; "
+            '"meta": {"counts": "n16-fallback"})'
+            + (
+                f"; {stats['ratios_rounded']} of their ratios were not whole sixteenths and were rounded "
+                '(half to even, as their loader does; "rounded_steps" in meta)'
+                if stats["ratios_rounded"]
+                else ""
+            )
+        )
+        _images_note(stats)
     return 0
+
+
+def _images_note(stats):
+    if stats["images_missing"]:
+        print(
+            f"{stats['images_missing']} image paths name no file on this machine (`betaprm validate` lists them); "
+            "--image-root names the folder they are relative to (their meta json's or evaluator's root)"
+        )

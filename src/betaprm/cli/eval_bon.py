@@ -40,10 +40,14 @@ DESCRIPTION = """Best-of-N evaluation, the protocol of the paper's table 1.
 
 --pools: one JSONL file per benchmark (id, question, answer, candidates with steps; scored
 files also carry mu, kappa, sigma per candidate, else give --model to score on the fly).
-Final answers are read from each candidate's last step (\\boxed{}, <answer>, "answer is")
-and checked against the reference with math-verify, or by an LLM judge behind an
-OpenAI-compatible server (--judge-url, --judge-model; --api-key-env NAME sends the key
-held in environment variable NAME, no key is sent without it); failed checks are counted apart.
+Final answers are read from each candidate's last step (\\boxed{}, <answer>, "answer is",
+or the step itself when it is a bare answer such as 12 or B) and checked against the
+reference with math-verify, or by an LLM judge behind an OpenAI-compatible server
+(--judge-url, --judge-model; --judge-with-question shows it the question too, as the
+paper's authors' judge; --api-key-env NAME sends the key held in environment variable
+NAME, no key is sent without it); failed checks are counted apart. A candidate with a
+judged 'correct' (authors' pools converted by `betaprm convert --from authors-pool`) is
+not checked again.
 S_lin and S_RB are tuned on --val-fraction of each benchmark's problems; the table gives
 test accuracy with 95% bootstrap intervals and the average gain over single pass. A split
 that leaves no validation (or no test) problem is an error; --skip-tuned leaves the tuned
@@ -76,6 +80,12 @@ class EvalBonConfig(ScoringOptions):
         None, "check answers with an LLM judge at this OpenAI-compatible base URL instead of math-verify"
     )
     judge_model: str = _f("", "the judge's served model name")
+    judge_with_question: bool = _f(
+        False,
+        "with --judge-url: show the judge the question as well as the reference and the candidate's answer, as the "
+        "paper's authors' judge does (their aca/judge_client.py), for results comparable with theirs; by default "
+        "the judge sees the two answers alone",
+    )
     api_key_env: str | None = _f(
         None,
         "with --judge-url: the NAME of an environment variable holding the judge's API key, sent as "
@@ -100,6 +110,8 @@ class EvalBonConfig(ScoringOptions):
             bad.append("--judge-url needs --judge-model")
         if self.api_key_env and not self.judge_url:
             bad.append("--api-key-env is for --judge-url (only the judge talks HTTP)")
+        if self.judge_with_question and not self.judge_url:
+            bad.append("--judge-with-question is for --judge-url (math-verify compares the answers alone)")
         bad += api_key_problems(self.api_key_env)
         if bad:
             raise BetaPRMInputError("bad eval-bon configuration: " + "; ".join(bad))
@@ -148,7 +160,12 @@ def run(args):
     )
     # A key goes to the judge only when --api-key-env names where it is.
     checker = (
-        LLMJudge(cfg.judge_url, cfg.judge_model, api_key=read_api_key(cfg.api_key_env))
+        LLMJudge(
+            cfg.judge_url,
+            cfg.judge_model,
+            api_key=read_api_key(cfg.api_key_env),
+            with_question=cfg.judge_with_question,
+        )
         if cfg.judge_url
         else AnswerChecker(timeout=cfg.check_timeout)
     )
@@ -166,9 +183,10 @@ def run(args):
                 "answer, candidates) per line"
             )
         for r in records:
-            if r.get("answer") is None:
+            if r.get("answer") is None and not all("correct" in c for c in r["candidates"]):
                 raise BetaPRMInputError(
-                    f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer"
+                    f"{path}: record {r['id']!r} has no 'answer'; Best-of-N accuracy needs the reference answer, or "
+                    "every candidate's judged 'correct' (what `betaprm convert --from authors-pool` writes)"
                 )
         # The split hangs on the questions alone: refused before any scoring or answer check.
         questions = [SimpleNamespace(question=r["question"]) for r in records]
@@ -189,7 +207,7 @@ def run(args):
                 print(f"{cfg.model} ({kind}) scores the pools that have no scores")
             _score_in_place(prm, records, cfg, path)
         before = checker.failed
-        pools = check_pools(records, final_answer, checker.check_many)
+        pools = check_pools(records, final_answer, checker.check_many, with_questions=cfg.judge_with_question)
         try:
             res = evaluate_pools(pools, cfg.val_fraction, cfg.seed, tune=not cfg.skip_tuned)
         except NoTestProblems:
@@ -295,7 +313,7 @@ def _load(cfg):
     from ..model import load_prm
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    return load_prm(cfg.model, device)
+    return load_prm(cfg.model, device, dtype=cfg.dtype)
 
 
 def _score_in_place(prm, records, cfg, path):

@@ -30,6 +30,12 @@ format              what becomes K of N
                     soft_n (``"soft": true``), p the label itself, or, with ``er_eta``,
                     the success rate recovered from ER-PRM's entropy-regularised value
                     v = log(1 - p + p e^eta) / eta.
+``authors-train``   the paper authors' training JSONL (InternVL conversations, read as
+                    their loader reads them): K and N from ``prm_counts``; without it
+                    their rule, N = 16 and K = round(16 * ratio), said in the record's
+                    ``meta`` and counted in the summary.
+``authors-pool``    the authors' Best-of-N annotation file -> pool records (not counts):
+                    each candidate's ``correct`` from their judged ``labels``.
 ==================  ================================================================
 
 Hard labels (every N = 1) are said so in the summary: a BetaPRM learns nothing about kappa
@@ -38,7 +44,7 @@ from them (``betaprm train`` warns too).
 A source record that cannot be converted raises ``ConversionError`` naming the field
 and the fix; the CLI reports it with the input line, like any other bad record.
 
-Over 400 lines because it holds six short converters that share one driver
+Over 400 lines because it holds eight short converters that share one driver
 (``convert_file``) and its error handling; the table above stays next to their code.
 """
 
@@ -46,16 +52,27 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BetaPRMInputError
+from ..numeric import NumberRefused, number
 from .jsonl import Problem
-from .records import validate_object, write_rejects
+from .records import MAX_COUNT, validate_object, write_rejects
 from .sources import iter_rows
 
-FORMATS = ("visualprm-raw", "math-shepherd", "prm800k", "trl", "mc-prefix", "er-prm")
+FORMATS = (
+    "visualprm-raw",
+    "math-shepherd",
+    "prm800k",
+    "trl",
+    "mc-prefix",
+    "er-prm",
+    "authors-train",
+    "authors-pool",
+)
 SHEPHERD_TAG = "ки"
 
 
@@ -120,9 +137,7 @@ def from_visualprm_raw(obj: dict, line: int, opts: ConvertOptions) -> list[dict]
                 f"must be an image path or a list of paths, got {json.dumps(image, default=str)[:60]}",
                 "give the image path(s) relative to --image-root as strings",
             )
-        if opts.image_root:
-            images = [p if Path(p).is_absolute() else str(Path(opts.image_root) / p) for p in images]
-        rec["images"] = images
+        rec["images"] = [_under_root(p, opts.image_root) for p in images]
     rec.update(steps=steps, mc_correct=k, mc_total=n)
     if obj.get("answer") is not None:
         rec["answer"] = str(obj["answer"])
@@ -431,6 +446,311 @@ def from_trl(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
     return [rec]
 
 
+# --------------------------------------------------------------------------- the authors' files
+# The paper's authors' public code (github.com/JinYuanLi0012/Beta-Binomial-PRM, MIT) reads two
+# files: training records (src/internvl/train/internvl_chat_finetune_beta_binom.py,
+# LazySupervisedDataset and preprocess_internvl2_5_beta_binom) and Best-of-N pools
+# (eval/prm/evaluate_*_prm_beta_binomial.py, written by eval/build_eval_rollouts_annotation*.py).
+# What follows reads them as their code does, and refuses what their code would silently
+# repair (a clamped ratio, a K above N, a count list shorter than the steps).
+
+AUTHORS_N = 16
+"""N where an authors' training record has no ``prm_counts``: their loader then takes
+N = 16 and K = round(16 * ratio) (Python's round, half to even)."""
+AUTHORS_MARKER = "<prm>"
+AUTHORS_IMAGE = "<image>"
+AUTHORS_TRAIN_LAYOUT = (
+    'their records are {"image": PATH, "conversations": [{"from": "human", "value": "<image>\\nQuestion: Q\\n'
+    'Process: s1<prm>s2<prm>"}, {"from": "gpt", "value": [ratio per step]}], "prm_counts": {"k": [...], "n": [...]}}'
+)
+
+
+def _strip_image_tags(text: str) -> str:
+    """``text`` without InternVL's image placeholders: ``<image>\\n`` as their loader and
+    evaluators prepend it, then any other ``<image>``."""
+    return text.replace(AUTHORS_IMAGE + "\n", "").replace(AUTHORS_IMAGE, "")
+
+
+def _image_paths(value, field: str) -> list[str]:
+    """``image``/``image_paths`` as a list of paths: a string, a list of strings, or
+    nothing (``""``, ``[]``, null: no image, as their loader reads it)."""
+    if value in (None, "", []):
+        return []
+    paths = [value] if isinstance(value, str) else value
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise ConversionError(
+            field,
+            f"must be an image path or a list of paths, got {json.dumps(value, default=str)[:60]}",
+            "give the image path(s) as strings",
+        )
+    for p in paths:
+        if "://" in p:
+            raise ConversionError(
+                field,
+                f"is a remote path ({p[:60]!r}), which their loader reads through its petrel client",
+                "download the images and give the path relative to --image-root",
+            )
+    return list(paths)
+
+
+def _under_root(path: str, root: str | None) -> str:
+    """``path`` joined to ``root`` as their loaders join it (``os.path.join``: an absolute
+    path stays itself), made absolute so that it names the same file wherever the output
+    is read from; as written without a root (then relative to the output file's folder)."""
+    return os.path.abspath(os.path.join(root, path)) if root else path
+
+
+def _number_or_fail(x, field: str, fix: str, low=0.0, high=None, whole: bool = False):
+    """``x`` checked by ``numeric.number`` (ints and floats, never a bool or text) in [low,
+    high], an int when ``whole`` (a float with a whole value, 16.0, counts as one: their
+    loader reads counts with float())."""
+    try:
+        x = number(x, "", low=low, high=high)
+    except NumberRefused as e:
+        raise ConversionError(field, e.reason, fix) from None
+    if whole:
+        if x != int(x):
+            raise ConversionError(field, f"must be a whole count, got {x!r}", fix)
+        return int(x)
+    return x
+
+
+def _authors_trace(text: str, field: str) -> tuple[str, list[str], int]:
+    """``Question: Q\\nProcess: s1<prm>s2<prm>...`` -> (Q, steps, number of ``<image>``
+    tags). The steps are the text between markers, stripped; the last must end with one."""
+    first = text.find(AUTHORS_MARKER)
+    if first < 0:
+        raise ConversionError(field, f"has no {AUTHORS_MARKER} step marker", "end every step with <prm>")
+    head_end = text.rfind("\nProcess:", 0, first)
+    if head_end < 0:
+        raise ConversionError(
+            field,
+            "has no '\\nProcess:' line before the first <prm>",
+            "write 'Question: Q\\nProcess: step 1<prm>step 2<prm>', as their data and evaluators do",
+        )
+    if text.find("\nProcess:", 0, head_end) >= 0:
+        # A second 'Process:' line before the first marker: the question's end is a guess.
+        raise ConversionError(
+            field,
+            "has more than one '\\nProcess:' line before the first <prm>, so where the question ends is unclear",
+            "fix the row or leave it out (--on-error skip)",
+        )
+    head, process = text[:head_end], text[head_end + len("\nProcess:") :]
+    if AUTHORS_IMAGE in process:
+        raise ConversionError(
+            field, "has an <image> tag among the steps", "put <image> before 'Question:', where their loader reads it"
+        )
+    n_tags = head.count(AUTHORS_IMAGE)
+    head = _strip_image_tags(head).strip()
+    if not head.startswith("Question:"):
+        raise ConversionError(
+            field,
+            f"does not start with 'Question:' (after any <image> tag): {head[:40]!r}",
+            "write 'Question: Q\\nProcess: step 1<prm>step 2<prm>'",
+        )
+    question = head[len("Question:") :].strip()
+    pieces = process.split(AUTHORS_MARKER)
+    if pieces[-1].strip():
+        raise ConversionError(
+            field,
+            f"has text after the last <prm>: {pieces[-1].strip()[:40]!r}",
+            "end every step, the last included, with <prm>: their loader labels marked steps only",
+        )
+    steps = [p.strip() for p in pieces[:-1]]
+    for i, st in enumerate(steps):
+        if not st:
+            raise ConversionError(field, f"step {i + 1} is empty (nothing before its <prm>)", "remove the empty step")
+    return question, steps, n_tags
+
+
+def _authors_turns(obj: dict) -> tuple[str, int, list, dict]:
+    """The human turn's text, the gpt turn's index and ratios, and the gpt turn, as their
+    preprocess reads them: a leading system turn skipped, then exactly human and gpt."""
+    convs = _need(obj, "conversations", list, AUTHORS_TRAIN_LAYOUT)
+    start = 1 if convs and isinstance(convs[0], dict) and convs[0].get("from") == "system" else 0
+    turns = convs[start:]
+    if len(turns) != 2 or not all(isinstance(t, dict) for t in turns):
+        raise ConversionError(
+            "conversations",
+            f"has {len(turns)} turns after any system turn, not a human turn and a gpt turn",
+            AUTHORS_TRAIN_LAYOUT,
+        )
+    for j, role in ((start, "human"), (start + 1, "gpt")):
+        if convs[j].get("from") != role:
+            raise ConversionError(
+                f"conversations[{j}].from", f"is {convs[j].get('from')!r}, not {role!r}", AUTHORS_TRAIN_LAYOUT
+            )
+    text = convs[start].get("value")
+    if not isinstance(text, str):
+        raise ConversionError(f"conversations[{start}].value", "must be the trace as a string", AUTHORS_TRAIN_LAYOUT)
+    ratios = convs[start + 1].get("value")
+    if not isinstance(ratios, list):
+        raise ConversionError(
+            f"conversations[{start + 1}].value",
+            f"must be a list with one success ratio per step, got {json.dumps(ratios, default=str)[:40]}",
+            AUTHORS_TRAIN_LAYOUT,
+        )
+    return text, start + 1, ratios, convs[start + 1]
+
+
+def from_authors_train(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
+    """One training record of the authors' JSONL (see the section's comment)."""
+    text, g, ratios, gpt = _authors_turns(obj)
+    question, steps, n_tags = _authors_trace(text, f"conversations[{g - 1}].value")
+    images = _image_paths(obj.get("image"), "image")
+    # Their loader prepends the one tag of a single image when it is missing, and replaces
+    # as many tags as there are images; any other tag would stay in the text.
+    allowed = (0, 1) if isinstance(obj.get("image"), str) and images else (len(images),)
+    if n_tags not in allowed:
+        raise ConversionError(
+            f"conversations[{g - 1}].value",
+            f"has {n_tags} <image> tag(s) for {len(images)} image(s)",
+            "write one <image> tag per image, before 'Question:' (none for a record without an image)",
+        )
+    where_r = f"conversations[{g}].value"
+    if len(ratios) != len(steps):
+        raise ConversionError(
+            where_r,
+            f"has {len(ratios)} ratios for {len(steps)} steps (<prm> markers)",
+            "give one success ratio per <prm>; their loader stops on this mismatch too",
+        )
+    ratios = [
+        _number_or_fail(r, f"{where_r}[{i}]", "a step's ratio is its success rate in [0, 1]", 0.0, 1.0)
+        for i, r in enumerate(ratios)
+    ]
+    # Their dataset copies a top-level prm_counts into the gpt turn, where preprocess reads it.
+    field = "prm_counts" if "prm_counts" in obj else f"conversations[{g}].prm_counts"
+    counts = obj["prm_counts"] if "prm_counts" in obj else gpt.get("prm_counts")
+    fix_counts = 'give "prm_counts": {"k": [K per step], "n": [N per step]}, or leave it out for their N = 16 rule'
+    if counts is not None and not isinstance(counts, dict):
+        raise ConversionError(field, f"must be an object, got {json.dumps(counts, default=str)[:40]}", fix_counts)
+    k_list, n_list = (counts.get("k"), counts.get("n")) if counts else (None, None)
+    meta: dict[str, Any]
+    if k_list is None and n_list is None:
+        k = [round(r * AUTHORS_N) for r in ratios]
+        n: list[int] = [AUTHORS_N] * len(ratios)
+        meta = {"counts": "n16-fallback"}
+        rounded = [i for i, r in enumerate(ratios) if abs(r * AUTHORS_N - round(r * AUTHORS_N)) > 1e-9]
+        if rounded:
+            meta["rounded_steps"] = rounded
+    else:
+        for key, lst in (("k", k_list), ("n", n_list)):
+            if lst is None:
+                other = "n" if key == "k" else "k"
+                raise ConversionError(
+                    f"{field}.{key}",
+                    f"is missing while {other} is given (their loader would drop both and use N = 16)",
+                    fix_counts,
+                )
+            if not isinstance(lst, list) or len(lst) != len(steps):
+                got = f"{len(lst)} values" if isinstance(lst, list) else json.dumps(lst, default=str)[:40]
+                raise ConversionError(
+                    f"{field}.{key}", f"has {got} for {len(steps)} steps", "give one count per step (<prm> marker)"
+                )
+        n = [
+            _number_or_fail(x, f"{field}.n[{i}]", "N counts rollouts: a whole number >= 1", 1, MAX_COUNT, whole=True)
+            for i, x in enumerate(n_list)
+        ]
+        k = [
+            _number_or_fail(x, f"{field}.k[{i}]", "K counts successful rollouts: a whole number >= 0", 0, whole=True)
+            for i, x in enumerate(k_list)
+        ]
+        for i, (kk, nn, r) in enumerate(zip(k, n, ratios)):
+            if kk > nn:
+                raise ConversionError(
+                    f"{field}.k[{i}]", f"K = {kk} > N = {nn}", "K (successes) cannot exceed N; check the two lists"
+                )
+            if abs(kk / nn - r) > 0.5 / nn + 1e-9:
+                raise ConversionError(
+                    f"{field}.k[{i}]",
+                    f"K/N = {kk}/{nn} but the step's ratio ({where_r}[{i}]) is {r:g}",
+                    "the ratio and the counts must describe the same rollouts; fix one of them",
+                )
+        meta = {"counts": "prm_counts"}
+    rec: dict[str, Any] = {"id": str(obj.get("id", f"{opts.source_name}-{line}")), "question": question}
+    if images:
+        rec["images"] = [_under_root(p, opts.image_root) for p in images]
+    rec.update(steps=steps, mc_correct=k, mc_total=n, source=str(obj.get("source", opts.source_name)), meta=meta)
+    return [rec]
+
+
+def _authors_pool_images(obj: dict, root: str | None) -> list[str]:
+    """A pool item's images as their evaluators find them: ``image_paths`` (OlympiadBench,
+    each as is when absolute, else under the root); else one image, the first existing of
+    ``image_path`` as written, the root joined with ``image`` and with its base name, then
+    with ``image_path`` and its base name (their MathVerse / MathVision order; relative
+    paths from the working directory, as theirs run). When none exists here, the root
+    joined with the first of them is written (the path as written without a root), for
+    ``betaprm validate`` to report."""
+    multi = _image_paths(obj.get("image_paths"), "image_paths")
+    if multi:
+        return [_under_root(p, root) for p in multi]
+    path = _image_paths(obj.get("image_path"), "image_path")
+    name = _image_paths(obj.get("image"), "image")
+    if len(path) > 1 or len(name) > 1:
+        raise ConversionError(
+            "image_path" if len(path) > 1 else "image", "holds several paths", "list several images in image_paths"
+        )
+    if not path and not name:
+        return []
+    joined = [os.path.join(root or "", q) for p in name + path for q in (p, os.path.basename(p))]
+    tried = list(dict.fromkeys(os.path.normpath(p) for p in path + joined))
+    # None here: the path under the root the user named, else the path as written.
+    found = next((p for p in tried if os.path.isfile(p)), os.path.normpath(joined[0]) if root else tried[0])
+    return [os.path.abspath(found) if root or os.path.isfile(found) else found]
+
+
+def from_authors_pool(obj: dict, line: int, opts: ConvertOptions) -> list[dict]:
+    """One item of the authors' Best-of-N annotation file (a JSON list) as a pool record:
+    each of ``solutions_splits`` a candidate, its ``labels`` entry its ``correct``, their
+    scores (``prm_mu``, ``prm_kappa``, ``prm_sigma``, when the item was scored) kept."""
+    # Their evaluators' _pick_question_text: query, then query_cot, then question.
+    qkey = next((k for k in ("query", "query_cot", "question") if obj.get(k)), None)
+    if qkey is None or not isinstance(obj[qkey], str):
+        raise ConversionError(
+            qkey or "question", "is missing or not text", "each item needs its question (query, query_cot or question)"
+        )
+    question = _strip_image_tags(obj[qkey]).strip()
+    splits = _need(obj, "solutions_splits", list, "their items list each candidate's steps in solutions_splits")
+    labels = _need(obj, "labels", list, "their items hold one judged label (1 or 0) per candidate in labels")
+    if len(labels) != len(splits):
+        raise ConversionError(
+            "labels",
+            f"has {len(labels)} labels for {len(splits)} candidates",
+            "give one label per solutions_splits entry",
+        )
+    cands = []
+    for j, (sp, lab) in enumerate(zip(splits, labels)):
+        if not isinstance(sp, list) or not all(isinstance(x, str) for x in sp):
+            raise ConversionError(
+                f"solutions_splits[{j}]", "must be a list of step strings", "write each candidate as its list of steps"
+            )
+        if isinstance(lab, bool) or lab not in (0, 1):
+            raise ConversionError(
+                f"labels[{j}]", f"= {json.dumps(lab, default=str)[:40]} is not 1 or 0", "labels are 1 (correct) or 0"
+            )
+        cands.append({"steps": list(sp), "correct": lab == 1})
+    if "prm_mu" in obj and "prm_kappa" in obj:
+        for key, name in (("prm_mu", "mu"), ("prm_kappa", "kappa"), ("prm_sigma", "sigma")):
+            vals = obj.get(key)
+            if vals is None:
+                continue
+            if not isinstance(vals, list) or len(vals) != len(cands):
+                raise ConversionError(key, f"must hold one list per candidate ({len(cands)})", "rescore the item")
+            for c, v in zip(cands, vals):
+                c[name] = v
+    rec: dict[str, Any] = {"id": str(obj.get("id", f"{opts.source_name}-{line}")), "question": question}
+    images = _authors_pool_images(obj, opts.image_root)
+    if images:
+        rec["images"] = images
+    rec["candidates"] = cands
+    ref = obj.get("answer", obj.get("correct_answer"))
+    if ref is not None:
+        rec["answer"] = str(ref)
+    rec["source"] = str(obj.get("source", opts.source_name))
+    return [rec]
+
+
 CONVERTERS = {
     "visualprm-raw": from_visualprm_raw,
     "math-shepherd": from_math_shepherd,
@@ -438,7 +758,11 @@ CONVERTERS = {
     "trl": from_trl,
     "mc-prefix": from_mc_prefix,
     "er-prm": from_er_prm,
+    "authors-train": from_authors_train,
+    "authors-pool": from_authors_pool,
 }
+KINDS = {"authors-pool": "pool"}
+"""Formats that become pool records (Best-of-N input); the rest become counts records."""
 ASSEMBLERS = {"mc-prefix": assemble_mc_prefix}
 """Formats whose rows are parts of records: converted row by row, then put together."""
 
@@ -460,6 +784,7 @@ def convert_file(
     src = Path(input_path)
     opts = opts or ConvertOptions(source_name=src.stem)
     convert = CONVERTERS[fmt]
+    kind = KINDS.get(fmt, "counts")
     out, bad, seen = [], [], set()
     parts, rows_by_line = [], {}  # formats whose rows are parts of records (ASSEMBLERS)
     n_in = 0
@@ -486,9 +811,7 @@ def convert_file(
                     rows_by_line[line] = (obj, raw)
                     continue
                 for rec in recs:
-                    _, ps = validate_object(
-                        rec, line, "counts", marker, base_dir=None, seen_ids=seen, check_images=False
-                    )
+                    _, ps = validate_object(rec, line, kind, marker, base_dir=None, seen_ids=seen, check_images=False)
                     problems.extend(ps)
                     if not ps:
                         out.append(rec)
@@ -517,7 +840,16 @@ def convert_file(
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     if rejects and bad:
         write_rejects(rejects, str(src), bad)
-    return {
+    if kind == "pool":
+        return {
+            "read": n_in,
+            "written": len(out),
+            "rejected": len(bad),
+            "candidates": sum(len(r["candidates"]) for r in out),
+            "steps": sum(len(c["steps"]) for r in out for c in r["candidates"]),
+            "images_missing": _images_missing(out, output_path),
+        }
+    stats = {
         "read": n_in,
         "written": len(out),
         "rejected": len(bad),
@@ -528,3 +860,20 @@ def convert_file(
         "soft": any(r.get("soft") for r in out),
         "er_values_as_rates": fmt == "er-prm" and not opts.er_eta,
     }
+    if fmt == "authors-train":
+        # Their loader's N = 16 rule, used where a record has no prm_counts: said per record
+        # (meta.counts) and counted here, with the steps whose ratio was not a whole count.
+        fallback = [r for r in out if r["meta"]["counts"] == "n16-fallback"]
+        stats["counts_fallback"] = len(fallback)
+        stats["ratios_rounded"] = sum(len(r["meta"].get("rounded_steps", ())) for r in fallback)
+        stats["images_missing"] = _images_missing(out, output_path)
+    return stats
+
+
+def _images_missing(records: list[dict], output_path) -> int:
+    """Image paths of ``records`` with no file behind them, relative ones read from the
+    output file's folder as every reader of records reads them."""
+    base = Path(output_path).parent
+    return sum(
+        not (Path(p) if Path(p).is_absolute() else base / p).is_file() for r in records for p in r.get("images", ())
+    )

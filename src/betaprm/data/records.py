@@ -4,8 +4,10 @@ A *counts* record (training data) has ``id``, ``question``, ``steps``, ``mc_corr
 (K per step), ``mc_total`` (N per step, or one N for all), and optionally ``images``,
 ``answer``, ``source`` and ``soft``. A *pool* record (Best-of-N / scoring input) has
 ``id``, ``question``, ``candidates`` (a list of ``{"steps": [...]}``, scored ones with
-``mu``, ``kappa`` and optionally ``sigma`` per step) and optionally ``answer``,
-``images``, ``source``. Counts are at most 2**24 (exact in float32).
+``mu``, ``kappa`` and optionally ``sigma`` per step, judged ones with ``correct``, a
+boolean that stands in for checking the answer) and optionally ``answer``, ``images``,
+``source``. Counts are at most 2**24 (exact in float32). Other fields are kept as they are
+and not read (converters write ``meta``: where a record's counts came from).
 
 Every problem is reported with file, line, field and a fix. With ``on_error="fail"``
 loading stops with all problems listed (exit status 2 from the CLI); with ``"skip"``
@@ -440,6 +442,16 @@ def validate_object(
                 else:
                     steps = _check_steps(c, line, f"candidates[{j}].", marker, problems)
                     _check_scores(c, line, f"candidates[{j}].", steps, problems)
+                    if "correct" in c and not isinstance(c["correct"], bool):
+                        problems.append(
+                            Problem(
+                                line,
+                                f"candidates[{j}].correct",
+                                f"must be true or false, got {short_repr(c['correct'])}",
+                                "give the candidate's judged correctness as a boolean, or leave it out to have the "
+                                "answer checked against the record's reference answer",
+                            )
+                        )
         if problems:
             return None, problems
         return obj, []

@@ -124,22 +124,27 @@ def evaluate_pools(pools: Sequence[BonPool], val_fraction: float = 0.2, seed: in
     }
 
 
-def check_pools(records: Sequence[dict], answer_of: Callable, check_many: Callable) -> list[BonPool]:
+def check_pools(
+    records: Sequence[dict], answer_of: Callable, check_many: Callable, with_questions: bool = False
+) -> list[BonPool]:
     """Pools with every candidate's answer read and checked once (``check_many`` takes
-    (gold, answer) pairs and returns True/False/None)."""
-    pairs, answers = [], []
+    (gold, answer) pairs and returns True/False/None; with ``with_questions`` also
+    ``questions=``, one per pair, for a judge that reads them). A candidate that carries
+    ``correct`` (judged already, as the paper's authors' pools are) keeps it unchecked."""
+    pairs, questions, answers = [], [], []
     for r in records:
         ans = [answer_of(c["steps"]) for c in r["candidates"]]
         answers.append(ans)
-        for a in ans:
-            pairs.append((r.get("answer"), a))
-    verdicts = check_many(pairs)
-    pools, k = [], 0
+        for c, a in zip(r["candidates"], ans):
+            if "correct" not in c:
+                pairs.append((r.get("answer"), a))
+                questions.append(r["question"])
+    verdicts = iter((check_many(pairs, questions=questions) if with_questions else check_many(pairs)) if pairs else [])
+    pools = []
     for r, ans in zip(records, answers):
-        n = len(ans)
+        correct = [c["correct"] if "correct" in c else next(verdicts) for c in r["candidates"]]
         sc = None
         if all("mu" in c for c in r["candidates"]):
             sc = [StepScores(c["mu"], c.get("kappa", [1.0] * len(c["mu"])), c.get("sigma")) for c in r["candidates"]]
-        pools.append(BonPool(str(r["id"]), r["question"], ans, list(verdicts[k : k + n]), sc))
-        k += n
+        pools.append(BonPool(str(r["id"]), r["question"], ans, correct, sc))
     return pools

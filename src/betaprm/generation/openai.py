@@ -282,7 +282,8 @@ class OpenAIGenerator:
         if "stop_reason" in choice:
             finished = choice["stop_reason"] is None and choice.get("finish_reason") == "stop"
         else:
-            finished = final_answer(steps) is not None
+            # A stated answer only: a bare step (a line of arithmetic) has not ended the trace.
+            finished = final_answer(steps, bare=False) is not None
         return Completion(steps, n_tokens, finished=finished)
 
     # ------------------------------------------------------------------ protocol

@@ -63,11 +63,49 @@ def extract_answer(text: str) -> str | None:
     return None
 
 
-def final_answer(steps: Sequence[str]) -> str | None:
-    """The answer a trace ends with: from its last step, else from the whole text."""
+_OPTION = re.compile(r"\(?([A-Z])\)?")
+_MATH_WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_WORD = re.compile(r"(?<![\\\w])[^\W\d_]{2,}")  # 2+ letters not after a backslash (\frac) or a digit (2xy)
+BARE_MAX_CHARS = 60
+"""A bare final answer is at most this long: a value, not a sentence."""
+
+
+def bare_answer(step: str) -> str | None:
+    """``step`` read as a bare final answer, or None: an option letter (``B``, ``(B)``,
+    ``B.``) or a number or expression with no word in it (``12``, ``-3.5``, ``\\frac{1}{2}``,
+    ``2\\sqrt{3}``, ``x = 5``; ``$...$`` and ``\\(...\\)`` unwrapped, one trailing full stop
+    dropped), one line of at most ``BARE_MAX_CHARS`` characters. A word of two or more letters
+    that is not a LaTeX command (``cm``, ``So``, ``sin``) makes it a sentence, not an answer:
+    the rule errs on the side of reading no answer."""
+    s = step.strip()
+    for left, right in _MATH_WRAPPERS:
+        if len(s) > len(left) + len(right) and s.startswith(left) and s.endswith(right):
+            s = s[len(left) : -len(right)].strip()
+            break
+    if s.endswith(".") and not s.endswith(".."):
+        s = s[:-1].rstrip()
+    if not s or len(s) > BARE_MAX_CHARS or "\n" in s:
+        return None
+    m = _OPTION.fullmatch(s)
+    if m:
+        return m.group(1)
+    if _WORD.search(s) or not re.search(r"[0-9A-Za-z\\]", s):
+        return None
+    return s
+
+
+def final_answer(steps: Sequence[str], bare: bool = True) -> str | None:
+    """The answer a trace ends with: the one its last step states (``extract_answer``),
+    else the last step itself when it is a bare answer (``bare_answer``: ``12``, ``B``,
+    ``\\frac{1}{2}``, as the paper's authors' pools end), else one stated anywhere in the
+    whole text. ``bare=False`` leaves bare steps unread (a one-step generation whose step is
+    a line of arithmetic has not ended its trace)."""
     if not steps:
         return None
-    return extract_answer(steps[-1]) or extract_answer("\n".join(steps))
+    found = extract_answer(steps[-1])
+    if found is None and bare:
+        found = bare_answer(steps[-1])
+    return found or extract_answer("\n".join(steps))
 
 
 SPLITS = ("blank-line", "tags", "regex")
