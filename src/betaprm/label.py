@@ -24,6 +24,7 @@ from typing import Any
 from .data.records import problem_fields, read_objects
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
+from .progress import progress_bar
 from .provenance import (
     completed_ids,
     json_line,  # strict JSON: a NaN raises before its record is written
@@ -119,9 +120,7 @@ def label_traces(
     }
     bar = None
     if progress and todo:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), desc="labelling", unit="trace")
+        bar = progress_bar(len(todo), "labelling", "trace")
     try:
         with open(out, "a", encoding="utf-8") as fh:
             for start in range(0, len(todo), chunk):

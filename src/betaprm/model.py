@@ -518,19 +518,31 @@ class BetaPRM(nn.Module):
 
 
 def load_prm(
-    name_or_path, device, trust_remote_code: bool = False, revision: str | None = None
+    name_or_path, device, trust_remote_code: bool = False, revision: str | None = None, dtype=None
 ) -> tuple[BetaPRM, str]:
     """A PRM for scoring, in eval mode on ``device``: ``(prm, kind)``, from a folder or a
     hub name (``betaprm.hub``). ``kind`` (``model_kind``) is ``beta``, ``standard`` or
-    ``zero-shot`` (a plain causal LM wrapped on the fly, scored by its Yes/No logits at each
-    marker). A snapshot holding ``betaprm_config.json`` always loads as the BetaPRM it is:
-    if it cannot, that is an error, never a zero-shot fallback."""
+    ``zero-shot``: a plain causal LM wrapped on the fly with its own tokenizer (the marker
+    ``<prm>`` added, as ``from_backbone`` adds it), scored by its ``Yes``/``No`` logits at each
+    marker; its kappa is the new head's constant ``ZERO_SHOT_KAPPA`` (4.0, ``kappa_init``),
+    which says nothing: use ``mu``. A snapshot holding ``betaprm_config.json`` always loads as
+    the BetaPRM it is: if it cannot, that is an error, never a zero-shot fallback. ``dtype``:
+    the backbone's (``"auto"``, ``"bfloat16"``, a ``torch.dtype``; None: transformers' default);
+    the kappa head stays float32."""
     source = resolve_model(name_or_path, revision)
     kind = model_kind(source)
     if kind == "zero-shot":
-        prm = BetaPRM.from_backbone(source, trust_remote_code=trust_remote_code)
+        prm = BetaPRM.from_backbone(
+            source, trust_remote_code=trust_remote_code, dtype=dtype, kappa_init=ZERO_SHOT_KAPPA
+        )
         return prm.to(device).eval(), kind
-    return BetaPRM.from_pretrained(source.path, trust_remote_code=trust_remote_code, device=device).eval(), kind
+    prm = BetaPRM.from_pretrained(source.path, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+    return prm.eval(), kind
+
+
+ZERO_SHOT_KAPPA = 4.0
+"""A plain causal LM scored zero-shot has no trained kappa head: every marker's kappa is this
+constant (``from_backbone``'s ``kappa_init``), and sigma follows from it and mu alone."""
 
 
 KINDS = ("beta", "standard", "zero-shot")

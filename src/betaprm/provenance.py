@@ -51,6 +51,7 @@ from pathlib import Path
 from .errors import BetaPRMInputError
 from .hub import resolve_model
 from .options import opt
+from .progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -557,9 +558,7 @@ class TaskRecords:
         self._file = open(self.out, "a", encoding="utf-8") if self.out else None
         left = len(self.ids) - len(self.done & set(self.ids))
         if self.progress and left:
-            from tqdm.auto import tqdm  # loaded when a run starts, not when the CLI does
-
-            self._bar = tqdm(total=left, desc=self.desc, unit="problem")
+            self._bar = progress_bar(left, self.desc, "problem")
         return self
 
     def write(self, task_id: str, record: dict) -> None:

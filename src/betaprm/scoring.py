@@ -18,6 +18,7 @@ from .data.records import read_records
 from .errors import BetaPRMInputError
 from .formatting import TRUNCATE_MODES, encode_traces, fit_to_length
 from .options import DEFAULT_MAX_BATCH_TOKENS
+from .progress import progress_bar
 from .provenance import (
     completed_ids,  # resuming: ids already in an output
     json_line,
@@ -190,8 +191,6 @@ def score_pool_file(
     ``truncate="steps"`` a candidate longer than the model's positions is scored on the
     whole steps that fit and carries ``steps_scored`` (the length of its score lists).
     """
-    from tqdm.auto import tqdm
-
     loaded = read_records(
         input_path, kind="pool", marker=prm.config.marker, on_error=on_error, rejects=rejects, flag="--input"
     )
@@ -207,7 +206,7 @@ def score_pool_file(
     }
     with (
         open(output_path, "a", encoding="utf-8") as out,
-        tqdm(total=len(todo), desc="scoring", unit="pool", disable=not show_progress) as bar,
+        progress_bar(len(todo), "scoring", "pool", disable=not show_progress) as bar,
     ):
         start = 0
         while start < len(todo):

@@ -8,6 +8,7 @@ import sys
 
 from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
+from ..progress import bars_scope
 from ..provenance import version
 from . import aca, convert, demo, eval_bon, eval_calibration, eval_steps, label, score, search, serve, train, validate
 
@@ -86,7 +87,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        return args._run(args) or 0
+        with bars_scope():  # --disable-tqdm lasts as long as its command
+            return args._run(args) or 0
     except BetaPRMInputError as e:
         if args.debug:
             raise

@@ -61,7 +61,7 @@ def run(args):
     cfg = config_from_args(EvalCalibrationConfig, args)
     check_eval_outputs(cfg, ("reliability.png", "sigma_error.png"))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
+    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code, dtype=cfg.dtype)
     loaded = read_records(cfg.data, kind="counts", marker=prm.config.marker, flag="--data")
     records = loaded.records
     if not records:

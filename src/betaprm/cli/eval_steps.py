@@ -155,7 +155,7 @@ def run(args):
         )
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     items = _read(fmt, cfg.data)
-    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
+    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code, dtype=cfg.dtype)
     with_images = sum(bool(getattr(it, "images", None)) for it in items)
     if with_images and not prm.is_vision and not cfg.ignore_images:
         raise BetaPRMInputError(

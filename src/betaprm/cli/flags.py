@@ -38,6 +38,7 @@ from ..errors import BetaPRMInputError
 from ..numeric import NumberRefused, number, rule_text, shown
 from ..options import field_problems, opt
 from ..options import flag_name as _flag
+from ..progress import disable_bars
 
 __all__ = ["add_config_args", "config_from_args", "expand_path", "load_config_file", "number_flag", "opt"]
 
@@ -354,4 +355,6 @@ def config_from_args(cls, ns: argparse.Namespace):
     # Read by the command's path checks (provenance.config_file_of): the file is an input,
     # which no output may write over.
     config.config_file = getattr(ns, "config", None)
+    if getattr(config, "disable_tqdm", False):  # --disable-tqdm: the bars of the whole command, however made
+        disable_bars()
     return config

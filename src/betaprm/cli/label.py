@@ -11,6 +11,7 @@ from ..errors import BetaPRMInputError
 from ..generation.factory import RUNTIME_SETTINGS, build_generator
 from ..label import LabelItem, label_traces, read_traces
 from ..options import opt as _f
+from ..progress import ProgressOptions
 from ..provenance import OutputOptions, check_paths, config_file_of, fingerprint, open_output, settings_of
 from ..synth import SynthPolicy, World, WorldConfig, synth_answer, synth_is_correct
 from .flags import add_config_args, config_from_args
@@ -35,7 +36,7 @@ OUT.lock keeps a second process out of --out.
 
 
 @dataclass
-class LabelConfig(GenerationOptions, OutputOptions):
+class LabelConfig(GenerationOptions, OutputOptions, ProgressOptions):
     input: str | None = _f(None, "JSONL traces to label (id, question, answer, steps or candidates)")
     out: str = _f("", "JSONL training records (appended; a rerun resumes)", required=True)
     failed: str | None = _f(None, "where traces whose answer checks all failed go (default: OUT.failed.jsonl)")

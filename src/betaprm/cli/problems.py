@@ -17,6 +17,7 @@ from ..errors import BetaPRMInputError
 from ..generation.factory import BACKEND_HELP, RUNTIME_SETTINGS, BackendOptions, build_generator
 from ..image_files import ImageRefused, read_image, resolve_image
 from ..options import opt as _f
+from ..progress import ProgressOptions
 from ..provenance import (
     OutputOptions,
     check_paths,
@@ -29,6 +30,7 @@ from ..provenance import (
 from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
 from ..synth.experiment import split_seeds
 from ..types import Task
+from .scoring_options import LoadOptions
 
 
 @dataclass
@@ -40,10 +42,11 @@ class GenerationOptions(BackendOptions):
 
 
 @dataclass
-class ProblemOptions(OutputOptions):
+class ProblemOptions(OutputOptions, LoadOptions, ProgressOptions):
     model: str = _f(
         "",
-        "the BetaPRM that scores (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
+        "the PRM that scores: a BetaPRM (betaprm train output), or a plain causal LM scored zero-shot (its Yes/No "
+        "logits; kappa the constant 4.0): a folder, or a hub name OWNER/NAME[@REVISION]",
         required=True,
     )
     out: str = _f("", "JSONL file of per-problem records (appended; a rerun resumes)", required=True)
@@ -152,15 +155,15 @@ def setup(cfg) -> SimpleNamespace:
     file) and ``close()`` (stops the answer checker's workers)."""
     import torch
 
-    from ..model import BetaPRM, model_kind  # torch: loaded when a command runs, not for --help
+    from ..model import load_prm  # torch: loaded when a command runs, not for --help
     from ..scoring import PRMScorer
 
     # A problems file is read, its images checked, before the model loads: a bad path stops at once.
     where: dict = {}
     tasks = read_problems(cfg.problems, cfg.image_root, where) if cfg.problems is not None else None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    prm = BetaPRM.from_pretrained(cfg.model, device=device).eval()
-    print(f"{cfg.model} ({model_kind(cfg.model)}) scores the candidates")
+    prm, kind = load_prm(cfg.model, device, dtype=cfg.dtype)
+    print(f"{cfg.model} ({kind}) scores the candidates")
     run = SimpleNamespace(prm=prm, scorer=PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens), close=lambda: None)
     if cfg.problems is None:
         run.world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else World().cfg)

@@ -18,7 +18,8 @@ from .flags import add_config_args, config_from_args
 from .scoring_options import ScoringOptions
 
 HELP = "add mu, kappa and sigma per step to every candidate of a pool file (resumable)"
-DESCRIPTION = """Score candidate pools with a trained BetaPRM.
+DESCRIPTION = """Score candidate pools with a trained BetaPRM (or a standard PRM, or a plain causal LM
+scored zero-shot: its own Yes/No logits at each marker, kappa the constant 4.0).
 
 Input: JSONL records with id, question and candidates (each {"steps": [...]}).
 Output: the same records, each candidate with mu, kappa and sigma lists (one value per
@@ -55,7 +56,8 @@ NOT_RESULTS = {
 class ScoreConfig(ScoringOptions, OutputOptions):
     model: str = opt(
         "",
-        "a BetaPRM (betaprm train output): a folder, or a hub name OWNER/NAME[@REVISION]",
+        "a BetaPRM (betaprm train output), or a plain causal LM scored zero-shot (kappa then the constant 4.0: use "
+        "mu): a folder, or a hub name OWNER/NAME[@REVISION]",
         required=True,
     )
     input: str = opt(
@@ -85,7 +87,7 @@ def add_arguments(parser):
 def run(args):
     import torch
 
-    from ..model import BetaPRM, model_kind, require_betaprm
+    from ..model import load_prm, model_kind
     from ..scoring import score_pool_file
 
     cfg = config_from_args(ScoreConfig, args)
@@ -98,9 +100,7 @@ def run(args):
         [("--output", cfg.output), ("--rejects", rejects if cfg.on_error == "skip" else None)],
     )
     source = resolve_model(cfg.model)
-    kind = model_kind(source)
-    if kind == "zero-shot":  # refused before any output is opened
-        require_betaprm(source)
+    kind = model_kind(source)  # read from its files: a BetaPRM without its config stops before any output opens
     settings = {"model": model_fingerprint(source.path), **settings_of(cfg, NOT_RESULTS)}
     info = {"model": cfg.model, "model_kind": kind, "input": cfg.input}
     if source.is_hub:
@@ -108,7 +108,7 @@ def run(args):
     print(f"{cfg.model} ({kind})")
     # Checked (and locked) before the model loads: a wrong resume stops at once.
     with open_output(cfg.output, settings, info, flag="--output", adopt=cfg.adopt_output):
-        prm = BetaPRM.from_pretrained(source.path, trust_remote_code=cfg.trust_remote_code, device=device)
+        prm, _ = load_prm(source, device, cfg.trust_remote_code, dtype=cfg.dtype)
         s = score_pool_file(
             prm,
             cfg.input,

@@ -1,4 +1,5 @@
-"""The scoring flags shared by every command that runs a PRM forward pass."""
+"""The scoring flags shared by every command that runs a PRM forward pass: batching, the
+dtype the model loads in, truncation, progress bars."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 
 from ..formatting import TRUNCATE_MODES
 from ..options import DEFAULT_MAX_BATCH_TOKENS, opt
+from ..progress import ProgressOptions, progress_bar
 from ..provenance import check_paths, config_file_of, fingerprint, model_fingerprint, settings_of, write_result
 
 
@@ -30,8 +32,25 @@ class BatchOptions:
         return bad
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclass
-class ScoringOptions(BatchOptions):
+class LoadOptions:
+    """The dtype of every command that loads a PRM (``load_prm``'s ``dtype``)."""
+
+    dtype: str = opt(
+        "auto",
+        "the dtype the model's weights load in: auto (the checkpoint's own, as transformers reads it from "
+        "config.json), float32, bfloat16 or float16 (half float32's memory; bfloat16 for GPUs that have it). mu "
+        "and kappa are computed in float32 from the marker's hidden state whatever it is: scores move by the "
+        "backbone's rounding only",
+        choices=DTYPES,
+    )
+
+
+@dataclass
+class ScoringOptions(BatchOptions, LoadOptions, ProgressOptions):
     truncate: str = opt(
         "error",
         "a trace longer than the model's positions: error (stop, naming it) or steps (score the whole steps that "
@@ -44,11 +63,9 @@ class ScoringOptions(BatchOptions):
 
     def score_with_progress(self, prm, traces, names, desc: str = "scoring"):
         """``score_traces`` with these options and a progress bar."""
-        from tqdm.auto import tqdm
-
         from ..scoring import score_traces
 
-        with tqdm(total=len(traces), desc=desc, unit="trace") as bar:
+        with progress_bar(len(traces), desc, "trace", disable=self.disable_tqdm) as bar:
             return score_traces(
                 prm,
                 traces,

@@ -12,6 +12,7 @@ from ..generation.factory import api_key_problems, read_api_key
 from ..options import opt as _f
 from ..serve_requests import LOOPBACK, ServeOptions, default_allowed_hosts, listen_socket
 from .flags import add_config_args, config_from_args
+from .scoring_options import LoadOptions
 
 HELP = "serve a PRM over HTTP for RL and search loops (/v1/score, OpenRLHF's /get_reward), with dynamic batching"
 DESCRIPTION = """Serve a trained BetaPRM (or a plain causal LM, scored zero-shot) over HTTP.
@@ -51,7 +52,7 @@ bodies wait, unread, for room under --max-buffered-bytes, and a body's JSON valu
 
 
 @dataclass
-class ServeConfig(ServeOptions):
+class ServeConfig(ServeOptions, LoadOptions):
     model: str = _f(
         "",
         "a BetaPRM (betaprm train output), or a plain causal LM scored zero-shot: a folder, or a hub name "
@@ -148,7 +149,7 @@ def _serve(cfg: ServeConfig, sock) -> int:
     # Before the model: a bad --policy-tokenizer stops at once.
     policy = load_policy_tokenizer(cfg.policy_tokenizer, cfg.trust_remote_code) if cfg.policy_tokenizer else None
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code)
+    prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code, dtype=cfg.dtype)
     settings = ServeSettings(
         **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ServeOptions)},
         api_key=read_api_key(cfg.api_key_env),

@@ -263,6 +263,18 @@ def _own_files(folder: Path) -> dict[str, Path]:
     return by_stem
 
 
+def reads_with_datasets(spec) -> bool:
+    """Whether ``iter_splits`` reads ``spec`` through the ``datasets`` library (a hub name, a
+    ``save_to_disk`` folder, a folder of data files it opens), not file by file itself."""
+    spec = str(spec)
+    name = _split_spec(spec)[0]
+    if Path(spec).is_file() or Path(name).is_file():
+        return False
+    if Path(name).is_dir():
+        return not _own_files(Path(name))
+    return True
+
+
 def iter_rows(spec, flag: str | None = None) -> Iterator[Row]:
     """The rows of one source (see the module docstring)."""
     ((_, rows),) = iter_splits(spec, flag, all_splits=False)

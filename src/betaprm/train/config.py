@@ -11,6 +11,7 @@ from ..errors import BetaPRMInputError
 from ..hub import repo_id_problem
 from ..options import field_problems
 from ..options import opt as _f
+from ..progress import DISABLE_HELP
 from ..provenance import same_path
 from . import hf_names
 
@@ -159,6 +160,7 @@ class TrainConfig:
     )
     report_to: str = _f("none", "none, tensorboard, wandb, ... (comma-separated)")
     run_name: str | None = _f(None, "the run's name in the trackers of --report-to (W&B, ...); default: --output-dir")
+    disable_tqdm: bool = _f(False, DISABLE_HELP, result=False)
     seed: int = _f(42, "random seed (model init, data order)")
     resume_from_checkpoint: str | None = _f(
         None, "checkpoint directory to resume from, or 'last' for the newest in output_dir"

@@ -323,10 +323,17 @@ def undefined_metric_warning(summary: dict, load_best: bool) -> str | None:
     )
 
 
-def card_results(metrics: dict, source: str) -> dict:
-    """The model card's results table: the final model's held-out metrics."""
-    out = {"held-out data": f"{source} (step {metrics['step']})"}
-    for k, v in metrics.items():
-        if k.startswith("eval_") and k not in _SPEED_KEYS:
-            out[k] = "n/a" if v is None or v != v else f"{v:.4g}"
-    return out
+def card_results(metrics: dict, cfg: TrainConfig) -> dict:
+    """The model card's evaluation (``betaprm.card.model_card``'s ``results`` and
+    ``eval_data``): the final model's held-out metrics (nan, undefined, as None) and the data
+    they come from: --eval-data, or --eval-fraction's share of --data's problems."""
+    results = {
+        k: None if v is None or v != v else float(v)
+        for k, v in metrics.items()
+        if k.startswith("eval_") and k not in _SPEED_KEYS
+    }
+    if cfg.eval_data:
+        data = {"name": cfg.eval_data, "split": None}
+    else:
+        data = {"name": cfg.data, "split": f"held-out {cfg.eval_fraction:g} of its problems"}
+    return {"results": results, "eval_data": {**data, "step": metrics["step"]}}

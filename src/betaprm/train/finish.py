@@ -9,6 +9,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..card import license_of
+from ..data.sources import reads_with_datasets
 from ..errors import BetaPRMInputError
 from ..hub import repo_id_problem, resolve_model
 from .config import TrainConfig
@@ -16,13 +17,66 @@ from .config import TrainConfig
 
 def card_of(cfg: TrainConfig, record: dict) -> dict:
     """The model card's settings for the final model (``betaprm.card.model_card``): its hub
-    name, licence (``--license``, else the base model's card's) and training data (its
-    fingerprint from the run ``record``)."""
+    name (None: the card names the output folder), licence (``--license``, else the base
+    model's card's), training data (its fingerprint from the run ``record``) and the packages
+    the run used besides those every card names (peft for LoRA, datasets for data it read)."""
+    used = ["peft"] if cfg.lora_r > 0 else []
+    if any(reads_with_datasets(d) for d in (cfg.data, cfg.eval_data) if d):
+        used.append("datasets")
     return {
         "name": cfg.push_to_hub,
         "license": cfg.license or license_of(resolve_model(cfg.model).path),
         "data": {"name": cfg.data, "fingerprint": record["settings"]["data"]},
+        "frameworks": used,
     }
+
+
+def training_hyperparameters(cfg: TrainConfig, args, world: int) -> dict:
+    """The model card's training hyperparameters, under the names a ``transformers.Trainer``
+    card gives them where it has them (learning_rate, train_batch_size, total_train_batch_size,
+    optimizer, lr_scheduler_type, ...), then betaprm's own (objective, kappa_min, ...); the
+    settings a run left at "off" are left out. ``args``: the run's ``TrainingArguments``."""
+    optim = getattr(args.optim, "value", args.optim)
+    batch = f"token budget {cfg.max_batch_tokens}" if cfg.max_batch_tokens else cfg.per_device_train_batch_size
+    h = {
+        "learning_rate": cfg.learning_rate,
+        "kappa_head_learning_rate": cfg.learning_rate * cfg.head_lr_multiplier,
+        "train_batch_size": batch,
+        "seed": cfg.seed,
+        "num_devices": world,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "total_train_batch_size": cfg.global_batch_size,
+        "optimizer": f"{optim} with betas=({args.adam_beta1}, {args.adam_beta2}), epsilon={args.adam_epsilon} and "
+        f"weight_decay={cfg.weight_decay} (none on biases, norms and the kappa head)",
+        "lr_scheduler_type": cfg.lr_scheduler_type,
+        "lr_scheduler_warmup_ratio": cfg.warmup_ratio,
+        **({"training_steps": cfg.max_steps} if cfg.max_steps > 0 else {"num_epochs": cfg.num_train_epochs}),
+        "mixed_precision_training": "bf16" if args.bf16 else "no (fp32)",
+        "max_grad_norm": cfg.max_grad_norm,
+        "loss": cfg.objective,
+        "lambda_reg": cfg.lambda_reg if cfg.objective == "beta-binomial" else None,
+        "hard_threshold": cfg.hard_threshold if cfg.objective == "hard-ce" else None,
+        "aux_lm_weight": cfg.aux_lm_weight or None,
+        "kappa_init": cfg.kappa_init,
+        "kappa_min": cfg.kappa_min,
+        "kappa_head": getattr(cfg, "kappa_head", None),
+        "max_length": cfg.max_length,
+        "truncate": cfg.truncate,
+        "packing": cfg.packing,
+        "step_weights": cfg.step_weights,
+        "freeze_layers": cfg.freeze_layers or None,
+        **(
+            {
+                "lora_r": cfg.lora_r,
+                "lora_alpha": cfg.lora_alpha,
+                "lora_dropout": cfg.lora_dropout,
+                "lora_target_modules": cfg.lora_target_modules,
+            }
+            if cfg.lora_r > 0
+            else {}
+        ),
+    }
+    return {k: v for k, v in h.items() if v is not None}
 
 
 def end_process_group() -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -25,6 +24,7 @@ from ..errors import BetaPRMInputError
 from ..evaluation.plots import kappa_dynamics
 from ..hub import resolve_model
 from ..model import BetaPRM, model_kind
+from ..progress import progress_bar
 from ..provenance import version
 from ..vision import freeze_vision
 from .checkpoints import (
@@ -40,7 +40,7 @@ from .checks import batch_warnings
 from .config import TrainConfig, resolve_global_batch, uses_batch_rebalance
 from .dataset import CountsCollator, TokenBudgetBatchSampler, encode_records
 from .evaluate import card_results, eval_summary, plan_evaluation, undefined_metric_warning
-from .finish import card_of, open_hub_repo, push_to_hub
+from .finish import card_of, open_hub_repo, push_to_hub, training_hyperparameters
 from .trainer import PRMTrainer
 
 logger = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         prm.backbone.gradient_checkpointing_enable()
         prm.backbone.config.use_cache = False
 
-    with tqdm(total=len(records), desc="tokenising", disable=rank != 0 or quiet, unit="rec") as bar:
+    with progress_bar(len(records), "tokenising", "rec", disable=rank != 0 or quiet or cfg.disable_tqdm) as bar:
         dataset = encode_records(prm, records, cfg.max_length, cfg.truncate, progress=bar.update)
     say(dataset.stats.describe(cfg.max_length))
     if len(dataset) == 0:
@@ -306,8 +306,9 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         dataloader_num_workers=cfg.dataloader_num_workers,
         use_cpu=cfg.use_cpu,
         ddp_backend=cfg.ddp_backend,
-        disable_tqdm=rank != 0,
+        disable_tqdm=rank != 0 or cfg.disable_tqdm,
     )
+    card["hyperparameters"] = training_hyperparameters(cfg, args, world)
     trainer = PRMTrainer(
         model=prm,
         args=args,
@@ -349,7 +350,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         logger.warning(undefined)
         evaluation["warning"] = undefined
     if evaluation and evaluation["final_model"]:
-        card["results"] = card_results(evaluation["final_model"], plan.source)
+        card.update(card_results(evaluation["final_model"], cfg))
     if trainer.args.should_save:
         prm.save_pretrained(out_dir, state_dict=full_state, card=card)
         summary = {
