@@ -28,7 +28,10 @@ class TraceFormat:
     """How a trace is laid out as text before tokenisation."""
 
     template: str = DEFAULT_TEMPLATE
-    """Text around the process; must contain ``{question}`` and ``{process}`` once each."""
+    """Text around the process; must contain ``{question}`` and ``{process}`` once each, and
+    may contain ``{images}`` once: where a vision-language trace's image placeholders go
+    (each image's, then a newline; nothing for a trace without images). Without it they go
+    before the question."""
     marker: str = "<prm>"
     """The step marker written after every step; the PRM reads its scores there."""
     step_separator: str = ""
@@ -43,19 +46,23 @@ class TraceFormat:
     demo uses it). Scores are still one per step."""
 
     def __post_init__(self):
-        fields = [f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None]
-        if sorted(fields) != ["process", "question"]:
+        fields = _fields(self.template)
+        if sorted(f for f in fields if f != "images") != ["process", "question"] or fields.count("images") > 1:
             raise BetaPRMInputError(
-                f"template must contain {{question}} and {{process}} exactly once each and no "
-                f"other fields; got fields {fields} in {self.template!r}. Write literal braces as "
+                f"template must contain {{question}} and {{process}} exactly once each, {{images}} at most "
+                f"once, and no other fields; got fields {fields} in {self.template!r}. Write literal braces as "
                 "'{{' and '}}'."
             )
         if not (isinstance(self.marker_repeat, int) and self.marker_repeat >= 1):
             raise BetaPRMInputError(f"marker_repeat must be an integer >= 1, got {self.marker_repeat!r}")
         if not self.marker:
             raise BetaPRMInputError("marker must be a non-empty string, e.g. '<prm>'")
-        if self.marker in self.template.replace("{question}", "").replace("{process}", ""):
+        if self.marker in self.template.replace("{question}", "").replace("{process}", "").replace("{images}", ""):
             raise BetaPRMInputError(f"template {self.template!r} contains the marker {self.marker!r}")
+
+
+def _fields(template: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
 
 
 def _check_text(text: str, what: str, marker: str) -> None:
@@ -69,12 +76,18 @@ def _check_text(text: str, what: str, marker: str) -> None:
         )
 
 
-def format_trace(question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat(), tokenizer=None) -> str:
+def format_trace(
+    question: str, steps: Sequence[str], fmt: TraceFormat = TraceFormat(), tokenizer=None, images: str = ""
+) -> str:
     """The text of one trace: ``template`` with the question and ``s1<prm>s2<prm>...``.
 
-    With ``fmt.chat_template`` the text is wrapped by ``tokenizer``'s chat template.
+    ``images``: the trace's image placeholder text (``betaprm.vision``), written at the
+    template's ``{images}`` field, or before the question when it has none. With
+    ``fmt.chat_template`` the text is wrapped by ``tokenizer``'s chat template.
     """
     _check_text(question, "the question", fmt.marker)
+    if images and "images" not in _fields(fmt.template):
+        question = images + question
     if isinstance(steps, str) or len(steps) == 0:
         raise BetaPRMInputError(f"steps must be a non-empty list of strings, got {steps!r:.80}")
     for i, step in enumerate(steps):
@@ -89,7 +102,7 @@ def format_trace(question: str, steps: Sequence[str], fmt: TraceFormat = TraceFo
     for literal, field, _, _ in string.Formatter().parse(fmt.template):
         parts.append(literal)
         if field is not None:
-            parts.append(question if field == "question" else process)
+            parts.append({"question": question, "process": process, "images": images}[field])
     text = "".join(parts)
     if fmt.chat_template:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):

@@ -4,8 +4,9 @@ At each marker position the backbone's hidden state ``h`` gives
 
 - ``mu    = softmax(z_Yes, z_No)[Yes]`` from the two reward-token rows of the output
   embedding only (never the full-vocabulary logits of every position), and
-- ``kappa = softplus(w . h + b) + kappa_min`` from a linear head initialised so that
-  ``kappa == kappa_init`` before training.
+- ``kappa = softplus(g(h)) + kappa_min`` from a small head ``g``: a linear map initialised so
+  that ``kappa == kappa_init`` before training, or (``kappa_head="layernorm-linear"``) the paper
+  authors' LayerNorm before it, initialised as theirs (``kappa`` near ``kappa_init``).
 
 Checkpoints are Hugging Face directories: the backbone and tokenizer as transformers
 writes them (safetensors), ``kappa_head.safetensors``, and ``betaprm_config.json``.
@@ -34,6 +35,7 @@ from .data.jsonl import BadJSON, decode_utf8, load_json_file, loads_strict
 from .errors import BetaPRMInputError
 from .formatting import DEFAULT_TEMPLATE, TraceFormat
 from .hub import ModelSource, resolve_model, unreadable_model
+from .options import KAPPA_HEADS
 from .provenance import version
 from .scoring import score_traces
 from .vision import is_vision_config, load_processor, processor_kwargs
@@ -52,6 +54,9 @@ class BetaPRMConfig:
     reward_tokens: tuple[str, str] = ("Yes", "No")
     kappa_init: float = 4.0
     kappa_min: float = 1e-3
+    # The kappa head's form (betaprm.options.KAPPA_HEADS); checkpoints of older versions,
+    # without the key, have the linear head.
+    kappa_head: str = "linear"
     template: str = DEFAULT_TEMPLATE
     step_separator: str = ""
     chat_template: bool = False
@@ -89,6 +94,8 @@ class BetaPRMConfig:
             problems.append(f"kappa_min must be >= 0, got {self.kappa_min}")
         if not self.kappa_init > self.kappa_min:
             problems.append(f"kappa_init must exceed kappa_min ({self.kappa_min}), got {self.kappa_init}")
+        if self.kappa_head not in KAPPA_HEADS:
+            problems.append(f"kappa_head must be one of {', '.join(KAPPA_HEADS)}, got {self.kappa_head!r}")
         if problems:
             raise BetaPRMInputError("; ".join(problems))
 
@@ -159,6 +166,41 @@ class KappaHead(nn.Linear):
         return super().forward(x.to(self.weight.dtype)).float()
 
 
+class LayerNormKappaHead(nn.Sequential):
+    """The paper authors' kappa head: ``LayerNorm(H, eps=1e-5) -> Linear(H, 1)``, here in float32
+    (theirs ran in the model's dtype, bf16 in their training and scoring). Its state keys are
+    theirs without the ``kappa_head.`` prefix: ``0.*`` the LayerNorm, ``1.*`` the linear map.
+    Input and output dtypes as ``KappaHead``."""
+
+    def __init__(self, hidden: int, dtype=torch.float32):
+        super().__init__(nn.LayerNorm(hidden, eps=1e-5, dtype=dtype), nn.Linear(hidden, 1, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self[0].weight.dtype)).float()
+
+
+def make_kappa_head(kind: str, hidden: int) -> nn.Module:
+    """An uninitialised float32 kappa head of the form ``kind`` (``KAPPA_HEADS``) on ``hidden`` features."""
+    if kind == "linear":
+        return KappaHead(hidden, 1, dtype=torch.float32)
+    if kind == "layernorm-linear":
+        return LayerNormKappaHead(hidden)
+    raise BetaPRMInputError(f"kappa_head must be one of {', '.join(KAPPA_HEADS)}, got {kind!r}")
+
+
+def init_kappa_head(head: nn.Module, config: BetaPRMConfig) -> None:
+    """A new head's start: the bias gives ``kappa_init`` (softplus(b) + kappa_min); the linear
+    weights are zero (``linear``: every marker starts at ``kappa_init``) or, for the authors'
+    ``layernorm-linear``, drawn from N(0, 1e-3) as theirs (the LayerNorm at its identity start)."""
+    linear = head[-1] if isinstance(head, nn.Sequential) else head
+    with torch.no_grad():
+        if config.kappa_head == "layernorm-linear":
+            linear.weight.normal_(mean=0.0, std=1e-3)
+        else:
+            linear.weight.zero_()
+        linear.bias.fill_(_inverse_softplus(config.kappa_init - config.kappa_min))
+
+
 class BetaPRM(nn.Module):
     """A causal-LM backbone plus a kappa head; see the module docstring."""
 
@@ -167,7 +209,7 @@ class BetaPRM(nn.Module):
         backbone: nn.Module,
         tokenizer,
         config: BetaPRMConfig,
-        kappa_head: nn.Linear | None = None,
+        kappa_head: nn.Module | None = None,
         processor=None,
     ):
         super().__init__()
@@ -179,10 +221,8 @@ class BetaPRM(nn.Module):
         if kappa_head is None:
             # Initialised once, here, at creation: never again at train start or resume
             # (the authors' code re-initialised it on every start, wiping a trained head).
-            kappa_head = KappaHead(hidden, 1, dtype=torch.float32)
-            with torch.no_grad():
-                kappa_head.weight.zero_()
-                kappa_head.bias.fill_(_inverse_softplus(config.kappa_init - config.kappa_min))
+            kappa_head = make_kappa_head(config.kappa_head, hidden)
+            init_kappa_head(kappa_head, config)
         self.kappa_head = kappa_head.to(device=_device_of(backbone), dtype=torch.float32)
 
     @property
@@ -202,6 +242,7 @@ class BetaPRM(nn.Module):
         kappa_init: float = 4.0,
         kappa_min: float = 1e-3,
         *,
+        kappa_head: str = "linear",
         template: str = DEFAULT_TEMPLATE,
         step_separator: str = "",
         chat_template: bool = False,
@@ -222,6 +263,8 @@ class BetaPRM(nn.Module):
         loads as ``AutoModelForImageTextToText`` with its processor (an instance needs
         ``processor=``, whose tokenizer is then the tokenizer). ``attn_implementation``
         (eager, sdpa, flash_attention_2, ...) goes to the backbone's ``from_pretrained``.
+        ``kappa_head``: the new head's form, ``linear`` or the authors' ``layernorm-linear``
+        (``betaprm.options.KAPPA_HEADS``).
         """
         from safetensors import SafetensorError
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
@@ -278,6 +321,7 @@ class BetaPRM(nn.Module):
             reward_tokens=tuple(reward_tokens),
             kappa_init=kappa_init,
             kappa_min=kappa_min,
+            kappa_head=kappa_head,
             template=template,
             step_separator=step_separator,
             chat_template=chat_template,
@@ -350,7 +394,7 @@ class BetaPRM(nn.Module):
         return z
 
     def kappa_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``."""
+        """(M, H) -> (M,) float32 ``softplus(g(h)) + kappa_min``, ``g`` the kappa head."""
         return F.softplus(self.kappa_head(hidden).squeeze(-1)) + self.config.kappa_min
 
     def forward(
@@ -503,11 +547,14 @@ class BetaPRM(nn.Module):
                 f"the model was trained with {config.marker_id}/{config.reward_token_ids}; the tokenizer "
                 "files do not belong to this checkpoint"
             )
-        head = KappaHead(_hidden_size(backbone), 1, dtype=torch.float32)
+        head = make_kappa_head(config.kappa_head, _hidden_size(backbone))
         try:
             head.load_state_dict(load_file(path / HEAD_NAME))
         except (OSError, SafetensorError, RuntimeError) as e:  # missing, truncated, or another model's head
-            raise BetaPRMInputError(f"{path / HEAD_NAME}: cannot read the kappa head: " + damaged.format(e)) from None
+            raise BetaPRMInputError(
+                f"{path / HEAD_NAME}: cannot read the kappa head ({config.kappa_head!r}, as {CONFIG_NAME} says): "
+                + damaged.format(e)
+            ) from None
         processor = None
         if config.processor_class:
             processor = load_processor(path, tokenizer, config.processor_class, config.processor_kwargs)
@@ -641,18 +688,25 @@ def add_marker_token(backbone, tokenizer, marker: str) -> int:
     marker_id = tokenizer.convert_tokens_to_ids(marker)
     if added == 0:
         return marker_id
+    init_token_rows(backbone, tokenizer, [marker_id], old_len)
+    return marker_id
+
+
+def init_token_rows(backbone, tokenizer, token_ids: Sequence[int], known: int) -> None:
+    """Embedding rows for ``token_ids``, tokens just added to ``tokenizer`` (which had
+    ``known`` tokens before): the embeddings grow to the tokenizer when they must."""
     emb_in = backbone.get_input_embeddings()
     old_rows = emb_in.weight.shape[0]
     if len(tokenizer) > old_rows:
         backbone.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     # New rows start at the mean of the rows of real tokens: an "average token" is a
     # neutral start, where random rows can be far out of distribution.
-    known = min(old_len, old_rows)
+    known = min(known, old_rows)
     with torch.no_grad():
         for emb in (backbone.get_input_embeddings(), backbone.get_output_embeddings()):
             if emb is None:
                 continue
-            emb.weight[marker_id] = emb.weight[:known].mean(dim=0)
-            if getattr(emb, "bias", None) is not None:
-                emb.bias[marker_id] = emb.bias[:known].mean()
-    return marker_id
+            for i in token_ids:
+                emb.weight[i] = emb.weight[:known].mean(dim=0)
+                if getattr(emb, "bias", None) is not None:
+                    emb.bias[i] = emb.bias[:known].mean()

@@ -14,12 +14,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import field
 
-__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "field_problems", "flag_name", "opt"]
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "KAPPA_HEADS", "field_problems", "flag_name", "opt"]
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
 """Padded tokens per forward pass when scoring: memory follows tokens, not traces. With
 SDPA attention a forward's activations grow with batch x longest trace, so this bounds
 them whatever the mix of long and short traces."""
+
+KAPPA_HEADS = ("linear", "layernorm-linear")
+"""The kappa head's forms (``BetaPRMConfig.kappa_head``): ``linear``, a bare linear map of the
+marker's hidden state (zero weights at creation); ``layernorm-linear``, the paper authors' head,
+a LayerNorm (eps 1e-5) before the linear map, whose weights start at N(0, 1e-3) as theirs do.
+Both start with the bias that gives ``kappa_init``."""
 
 
 def opt(default, help_text, *, required: bool = False, choices=None, **kw):

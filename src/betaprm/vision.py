@@ -128,8 +128,9 @@ def encode_multimodal(prm, traces: Sequence[tuple], images=None) -> dict:
     for tr in traces:
         q, steps = tr[0], tr[1]
         paths = list(tr[2]) if len(tr) > 2 and tr[2] else []
-        q = ph * len(paths) + ("\n" if paths else "") + q
-        texts.append(format_trace(q, steps, fmt, prm.tokenizer))
+        # At the template's {images} field, or before the question.
+        placeholders = ph * len(paths) + ("\n" if paths else "")
+        texts.append(format_trace(q, steps, fmt, prm.tokenizer, images=placeholders))
         flat.extend(paths)
     proc.tokenizer.padding_side = "right"
     enc = proc(text=texts, images=load_images(flat) if flat else None, return_tensors="pt", padding=True)

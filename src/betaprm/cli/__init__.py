@@ -10,7 +10,21 @@ from ..errors import BetaPRMInputError, TrainingDivergedError
 from ..generation.base import GenerationError
 from ..progress import bars_scope
 from ..provenance import version
-from . import aca, convert, demo, eval_bon, eval_calibration, eval_steps, label, score, search, serve, train, validate
+from . import (
+    aca,
+    convert,
+    convert_model,
+    demo,
+    eval_bon,
+    eval_calibration,
+    eval_steps,
+    label,
+    score,
+    search,
+    serve,
+    train,
+    validate,
+)
 
 COMMANDS = {
     "demo": demo,
@@ -18,6 +32,7 @@ COMMANDS = {
     "score": score,
     "validate": validate,
     "convert": convert,
+    "convert-model": convert_model,
     "label": label,
     "aca": aca,
     "search": search,

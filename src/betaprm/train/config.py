@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import BetaPRMInputError
 from ..hub import repo_id_problem
-from ..options import field_problems
+from ..options import KAPPA_HEADS, field_problems
 from ..options import opt as _f
 from ..progress import DISABLE_HELP
 from ..provenance import same_path
@@ -191,6 +191,12 @@ class TrainConfig:
     reward_tokens: str = _f("Yes,No", "the two reward words, positive first, comma-separated")
     kappa_init: float = _f(4.0, "kappa of a new head before training")
     kappa_min: float = _f(1e-3, "lower bound added to softplus")
+    kappa_head: str = _f(
+        "linear",
+        "the new kappa head's form: linear (a linear map of the marker's hidden state) or layernorm-linear (the "
+        "paper authors' head: a LayerNorm, then the linear map); a BetaPRM continued keeps its own",
+        choices=KAPPA_HEADS,
+    )
     train_vision: bool = _f(
         False,
         "vision-language backbones: also train the vision encoder (by default it is frozen; the projector and "

@@ -63,6 +63,7 @@ def load_or_create(cfg: TrainConfig):
         reward_tokens=cfg.reward_words,
         kappa_init=cfg.kappa_init,
         kappa_min=cfg.kappa_min,
+        kappa_head=cfg.kappa_head,
         chat_template=cfg.chat_template,
         marker_repeat=cfg.marker_repeat,
         trust_remote_code=cfg.trust_remote_code,
