@@ -251,18 +251,23 @@ def test_authors_run_reports_both_token_counts_and_rescores_the_pool(world_probl
 def test_cli_rules_authors_labels_its_frontier_and_refuses_bad_values(tmp_path, capsys):
     from betaprm.cli import main
     from betaprm.model import BetaPRM
+    from betaprm.provenance import meta_path
     from tests.helpers import make_lm_dir
 
     BetaPRM.from_backbone(str(make_lm_dir(tmp_path / "lm"))).save_pretrained(tmp_path / "prm")
     common = ["aca", "--model", str(tmp_path / "prm"), "--n-problems", "6"]
     assert main([*common, "--final", "lin", "--out", str(tmp_path / "ours.jsonl")]) == 0
     capsys.readouterr()
+    # Settings newer than the outputs users hold are not recorded at their defaults: those resume.
+    ours = json.loads(meta_path(tmp_path / "ours.jsonl").read_text())["settings"]
+    assert "rules" not in ours and "oversample" not in ours
     out = tmp_path / "theirs.jsonl"
     flags = ["--rules", "authors", "--out", str(out), "--plots", str(tmp_path / "p")]
     assert main([*common, *flags, "--frontier", str(tmp_path / "ours.jsonl")]) == 0
     printed = capsys.readouterr().out
     assert "--rules authors: final choice by the top S_lin" in printed
     assert "frontier aca (authors' rules) (c_stop)" in printed and "frontier aca (c_stop)" in printed
+    assert json.loads(meta_path(out).read_text())["settings"]["rules"] == "authors"
     rec = json.loads(out.read_text().splitlines()[0])
     assert rec["tokens"] > rec["tokens_kept"] > 0
     assert main([*common, "--rules", "theirs", "--out", str(tmp_path / "x.jsonl")]) == 2

@@ -186,3 +186,28 @@ def test_packed_scoring_falls_back_to_padding_when_attention_ignores_position_id
     assert "does not keep packed traces apart" in caplog.text and prm._betaprm_packing is False
     for a, b in zip(got, padded):
         np.testing.assert_allclose(a.mu, b.mu, atol=1e-6)
+
+
+def test_an_output_from_before_a_setting_existed_resumes_at_its_default(tmp_path, prm_dir, capsys):
+    """--dtype came after outputs users hold: their OUT.meta.json has no dtype. At its default
+    (what they were made with) they resume; another dtype is told apart, by name."""
+    import json
+
+    from betaprm.cli import main
+
+    pools = write_pools(tmp_path / "pools.jsonl", 6)
+    out = tmp_path / "out.jsonl"
+    assert main(["score", "--model", str(prm_dir), "--input", str(pools), "--out", str(out)]) == 0
+    from betaprm.provenance import meta_path
+
+    settings = json.loads(meta_path(out).read_text())["settings"]
+    assert "dtype" not in settings  # at its default it is not recorded
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:3]))  # an older run, stopped half way
+    assert main(["score", "--model", str(prm_dir), "--input", str(pools), "--out", str(out)]) == 0
+    assert [r["id"] for r in read_out(out)] == [f"p{i}" for i in range(6)]
+    out.write_text("".join(lines[:3]))
+    capsys.readouterr()
+    bad = ["score", "--model", str(prm_dir), "--input", str(pools), "--out", str(out), "--dtype", "bfloat16"]
+    assert main(bad) == 2
+    assert "--dtype: '<not recorded>' before, 'bfloat16' now" in capsys.readouterr().err

@@ -145,11 +145,13 @@ class ACASettings:
         "betaprm",
         "the rule set: " + "; ".join(f"{k}: {v}" for k, v in aca_rules.RULES.items()) + " (docs/aca.md)",
         choices=tuple(aca_rules.RULES),
+        added=True,
     )
     oversample: float | None = _f(
         None,
         "draw round(n * this) samples for a batch of n and keep the n longest distinct ones, every drawn token "
         "counted (default: 1, or the authors' 2 with --rules authors)",
+        added=True,
     )
     seed: int = _f(0, "sampling seed (each request's seed derives from it, the problem id and the round)")
 

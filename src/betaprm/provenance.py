@@ -162,11 +162,15 @@ def fingerprint(path) -> str:
 def settings_of(cfg, exclude) -> dict:
     """A config dataclass's fields as a dict, less ``exclude`` (the cosmetic ones) and the
     fields marked ``result=False`` (``OutputOptions``': how to treat the output, not what
-    makes its records)."""
+    makes its records). A field marked ``added=True`` (a setting newer than outputs users
+    hold) is left out at its default, which is what those outputs were made with: they
+    resume, and a run with another value is told apart from them."""
     return {
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(cfg)
-        if f.name not in exclude and f.metadata.get("result", True)
+        if f.name not in exclude
+        and f.metadata.get("result", True)
+        and not (f.metadata.get("added") and getattr(cfg, f.name) == f.default)
     }
 
 

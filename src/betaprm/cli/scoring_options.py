@@ -46,6 +46,7 @@ class LoadOptions:
         "and kappa are computed in float32 from the marker's hidden state whatever it is: scores move by the "
         "backbone's rounding only",
         choices=DTYPES,
+        added=True,
     )
 
 
