@@ -166,7 +166,6 @@ def test_trl_prm_config_yaml_loads_with_warnings(tmp_path, capsys):
     # Each key not honoured: one line, with what it would have done.
     assert named == {
         "tf32",
-        "logging_first_step",
         "hub_token",
         "max_prompt_length",
         "disable_dropout",
@@ -174,7 +173,8 @@ def test_trl_prm_config_yaml_loads_with_warnings(tmp_path, capsys):
         "dataset_num_proc",
     }, lines
     assert any("step_separator" in line and "--marker" in line for line in lines)
-    assert any("at TrainingArguments' defaults: warmup_steps" in line for line in lines), lines
+    # warmup_steps: 0 beside warmup_ratio is transformers 4's default, not "no warmup".
+    assert cfg.warmup_steps is None and cfg.logging_first_step
     # Honoured, or what betaprm does anyway: not named.
     for key in ("do_train", "train_on_last_step_only", "max_completion_length", "learning_rate", "hub_model_id"):
         assert not any(f": {key}: " in line for line in lines), key
@@ -219,15 +219,27 @@ def test_required_flags_all_named_and_choices_checked(tmp_path):
     assert train_config("--config", str(path)).model == "m"
 
 
-def test_unknown_flag_prints_the_subcommands_usage(capsys):
+def test_an_unknown_flag_is_one_line_naming_the_closest(capsys):
+    """Not the ~50-line usage: one line, the subcommand's, with the nearest real flag."""
     with pytest.raises(SystemExit) as e:
         main(["train", *REQUIRED, "--lerning-rate", "1e-5"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: betaprm train ") and "unrecognized arguments: --lerning-rate 1e-5" in err
+    assert err == (
+        "betaprm train: error: unknown option --lerning-rate; did you mean --learning-rate? "
+        "(see betaprm train --help)\n"
+    )
     with pytest.raises(SystemExit):
-        main(["score", "--bogus"])
-    assert capsys.readouterr().err.startswith("usage: betaprm score ")
+        main(["train", *REQUIRED, "--epochs", "3"])
+    assert "unknown option --epochs; did you mean --num-train-epochs?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["score", "--bogus", "x", "stray"])
+    err = capsys.readouterr().err
+    # no flag is near --bogus: no suggestion; its value x is its own; the stray word is named
+    assert err.count("\n") == 1 and "did you mean" not in err and "'x'" not in err and "argument 'stray'" in err
+    with pytest.raises(SystemExit):  # argparse's own errors: one line too
+        main(["score", "--model"])
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_training_arguments_get_the_hf_settings(tmp_path):
@@ -261,3 +273,70 @@ def test_training_arguments_get_the_hf_settings(tmp_path):
     assert args.run_name == "probe"
     summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())
     assert summary["config"]["global_batch_size"] == 8 and summary["config"]["truncate"] == "steps"
+
+
+def test_a_trl_recipe_with_model_dataset_and_warmup_steps_trains(tmp_path, capsys):
+    """A TRL example-script YAML (ScriptArguments + ModelConfig + PRMConfig keys): the model
+    and dataset by their TRL names, the test split evaluated with eval_strategy: steps,
+    warmup_steps in transformers 5's sense, eval_on_start and logging_first_step honoured."""
+    from .helpers import make_counts, make_lm_dir
+
+    lm = make_lm_dir(tmp_path / "lm")
+    data = tmp_path / "prm_data"
+    data.mkdir()
+    make_counts(data / "train.jsonl")
+    make_counts(data / "test.jsonl")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {lm}\n"
+        "model_revision: main\n"
+        f"dataset_name: {data}\n"
+        "dataset_config: null\n"
+        "dataset_train_split: train\n"
+        "dataset_test_split: test\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+        "eval_strategy: steps\n"
+        "eval_steps: 2\n"
+        "eval_on_start: true\n"
+        "logging_first_step: true\n"
+        "save_strategy: steps\n"
+        "save_steps: 2\n"
+        "warmup_steps: 1\n"
+        "max_steps: 2\n"
+        "per_device_train_batch_size: 4\n"
+        "gradient_accumulation_steps: 1\n"
+        "use_peft: false\n"
+        "lora_r: 16\n"
+        "dtype: float32\n"
+        "report_to: []\n"
+        "use_cpu: true\n"
+    )
+    cfg = train_config("--config", str(recipe))
+    assert (cfg.model, cfg.data, cfg.eval_data) == (str(lm), f"{data}:train", f"{data}:test")
+    assert (cfg.warmup_steps, cfg.lora_r, cfg.precision, cfg.eval_on_start) == (1, 0, "fp32", True)
+    assert "lora_r" in capsys.readouterr().err  # named, with use_peft: false
+    assert main(["train", "--config", str(recipe)]) == 0
+    summary = json.loads((tmp_path / "out" / "train_summary.json").read_text())
+    steps = [h["step"] for h in summary["log_history"] if "eval_nll" in h] if "log_history" in summary else None
+    state = json.loads(next((tmp_path / "out").glob("checkpoint-*/trainer_state.json")).read_text())
+    evals = [h["step"] for h in state["log_history"] if "eval_nll" in h]
+    assert evals[0] == 0 and 2 in evals, (evals, steps)  # evaluated on start, then every 2 steps
+    assert any(h.get("step") == 1 and "loss" in h for h in state["log_history"])  # the first step logged
+
+
+@pytest.mark.parametrize(
+    "yaml_text,message",
+    [
+        ("model_name_or_path: a\nmodel: b\ndata: d\n", "model_name_or_path and model name the same thing"),
+        ("model: m\ndataset_name: d\ndataset_config: main\n", "default configuration"),
+        ("model: m\ndata: d\neval_strategy: epoch\n", "eval_strategy: 'epoch'"),
+        ("model: m\ndata: d\neval_strategy: steps\n", "needs held-out data"),
+        ("model: m\ndata: d\ndtype: float16\n", "bfloat16 or float32"),
+        ("model: m\ndata: d\nwarmup_steps: 2.5\n", "--warmup-steps must be a whole number"),
+    ],
+)
+def test_trl_recipe_keys_that_cannot_run_are_refused_by_name(tmp_path, yaml_text, message):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(BetaPRMInputError, match=message):
+        train_config("--config", str(path))

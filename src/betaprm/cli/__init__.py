@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 
@@ -43,8 +44,43 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line: a command has some fifty flags, and a
+    typo answered with the whole usage hides the one line that matters. An unknown flag
+    names the closest real one."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def unknown(self, flags: list[str]):
+        # The shown spellings (--learning-rate), not the hidden underscore ones.
+        known = [s for s in self._option_string_actions if s.startswith("--") and "_" not in s]
+        words, after_flag = [], False
+        for flag in flags:
+            if not flag.startswith("-") or _is_number(flag):
+                if not after_flag:  # an unknown flag's value is part of it, not a second error
+                    words.append(f"unexpected argument {flag!r}")
+                after_flag = False
+                continue
+            name = flag.split("=", 1)[0]
+            after_flag = "=" not in flag
+            bare = name.lstrip("-").replace("_", "-")
+            close = [k for k in known if bare in k] if len(bare) >= 4 else []
+            close = close or difflib.get_close_matches("--" + bare, known, n=1, cutoff=0.75)
+            words.append(f"unknown option {name}" + (f"; did you mean {close[0]}?" if close else ""))
+        self.error("; ".join(words))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="betaprm",
         description=(
             "Process reward models that report how reliable each step reward is: at every "
@@ -97,7 +133,7 @@ def main(argv=None) -> int:
     # line, not the top-level one.
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        getattr(args, "_parser", parser).unknown(unknown)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -34,8 +34,13 @@ def optimiser_steps(cfg: TrainConfig, n_traces: int, world: int) -> tuple[int, i
 
 
 def warmup_steps(cfg: TrainConfig, total: int) -> int:
-    """The Trainer's warmup for --warmup-ratio over ``total`` steps (0 for schedulers without one)."""
-    if cfg.lr_scheduler_type in NO_WARMUP or cfg.warmup_ratio <= 0:
+    """The Trainer's warmup for --warmup-steps, else --warmup-ratio over ``total`` steps (0 for
+    schedulers without one)."""
+    if cfg.lr_scheduler_type in NO_WARMUP:
+        return 0
+    if cfg.warmup_steps:
+        return int(cfg.warmup_steps)
+    if cfg.warmup_ratio <= 0:
         return 0
     return math.ceil(total * cfg.warmup_ratio)
 
@@ -81,18 +86,19 @@ def batch_warnings(cfg: TrainConfig, n_traces: int, world: int = 1) -> list[str]
             "one. Give --num-train-epochs > 0 or --max-steps"
         )
     elif warm >= total:
+        flag = f"--warmup-steps {cfg.warmup_steps}" if cfg.warmup_steps else f"--warmup-ratio {cfg.warmup_ratio:g}"
         if total == 1:
             what = (
-                f"the run makes one optimiser step and --warmup-ratio {cfg.warmup_ratio:g} makes it a warmup step, "
+                f"the run makes one optimiser step and {flag} makes it a warmup step, "
                 "taken at learning rate 0: the weights do not change and the saved model is the starting one"
             )
         else:
             what = (
-                f"--warmup-ratio {cfg.warmup_ratio:g} of the run's {total} optimiser steps is {warm} warmup steps, "
+                f"{flag} of the run's {total} optimiser steps is {warm} warmup steps, "
                 f"the whole run: the learning rate rises from 0 (the first step) and never reaches --learning-rate "
                 f"{cfg.learning_rate:g}"
             )
-        out.append(f"{what}. Lower --warmup-ratio (0: no warmup), or make more steps: {more_steps}")
+        out.append(f"{what}. Lower {flag.split()[0]} (0: no warmup), or make more steps: {more_steps}")
     elif total < FEW_STEPS and (cfg.max_steps <= 0 or warm) and batch <= n_traces:  # else said above
         why = (
             f"--max-steps {total}"

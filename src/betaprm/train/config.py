@@ -59,6 +59,7 @@ class TrainConfig:
         "draw follows --seed) and evaluate on them while training (0: none; not with --eval-data)",
     )
     eval_steps: int = _f(0, "evaluate every this many optimiser steps, and at the end (0: every --save-steps)")
+    eval_on_start: bool = _f(False, "also evaluate before the first optimiser step (a baseline for the curves)")
     metric_for_best_model: str = _f(
         "",
         "the held-out metric that picks the best checkpoint (best_metric, best_model_checkpoint in "
@@ -91,6 +92,11 @@ class TrainConfig:
     weight_decay: float = _f(0.05, "AdamW weight decay (not applied to biases, norms or the kappa head)")
     lr_scheduler_type: str = _f("cosine", "transformers scheduler name")
     warmup_ratio: float = _f(0.05, "fraction of steps for linear warmup")
+    warmup_steps: float | None = _f(
+        None,
+        "linear warmup as transformers 5 takes it: optimiser steps (an integer >= 1) or a ratio in [0, 1); wins over "
+        "--warmup-ratio",
+    )
     num_train_epochs: float = _f(1.0, "epochs over the data")
     max_steps: int = _f(-1, "stop after this many optimiser steps (-1: run the epochs)")
     global_batch_size: int | None = _f(
@@ -151,6 +157,7 @@ class TrainConfig:
     )
     gradient_checkpointing: bool = _f(False, "trade compute for memory")
     logging_steps: int = _f(10, "log every this many optimiser steps")
+    logging_first_step: bool = _f(False, "also log the first optimiser step")
     save_steps: int = _f(500, "save a checkpoint every this many optimiser steps")
     save_total_limit: int = _f(2, "keep at most this many checkpoints")
     plots: str | None = _f(
@@ -244,7 +251,10 @@ class TrainConfig:
     def from_file_keys(cls, values: dict, path: str) -> dict:
         """A --config file written for TRL's PRMConfig / transformers' TrainingArguments: their
         names mapped onto these fields, each key betaprm cannot honour named in a warning."""
-        return hf_names.from_file_keys(cls, values, path)
+        try:
+            return hf_names.from_file_keys(cls, values, path)
+        except hf_names.RecipeError as e:
+            raise BetaPRMInputError(f"--config {path}: {e}") from None
 
     def __post_init__(self):
         problems = field_problems(self)  # required flags, fixed choices (keep-steps read as steps)
@@ -291,6 +301,16 @@ class TrainConfig:
             problems.append(f"--reward-tokens must be two comma-separated words, got {self.reward_tokens!r}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             problems.append(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps is not None:
+            w = self.warmup_steps
+            if 0 <= w < 1:  # transformers 5: a float under 1 is a ratio
+                self.warmup_ratio, self.warmup_steps = float(w), None
+            elif not (w >= 1 and float(w).is_integer()):
+                problems.append(
+                    f"--warmup-steps must be a whole number of steps >= 1 or a ratio in [0, 1), got {w}"
+                )
+            else:
+                self.warmup_steps = int(w)
         if not 0.0 <= self.hard_threshold <= 1.0:  # compared with K/N: outside [0, 1] every step is one class
             problems.append(f"--hard-threshold must be in [0, 1] (compared with K/N), got {self.hard_threshold}")
         if not 0.0 <= self.lora_dropout < 1.0:
@@ -340,6 +360,7 @@ class TrainConfig:
                 ("eval_steps", self.eval_steps),
                 ("metric_for_best_model", self.metric_for_best_model),
                 ("load_best_model_at_end", self.load_best_model_at_end),
+                ("eval_on_start", self.eval_on_start),
             ):
                 if val:
                     problems.append(f"--{name.replace('_', '-')} needs held-out data: --eval-data or --eval-fraction")

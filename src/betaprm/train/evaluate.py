@@ -236,6 +236,7 @@ class EvalPlan:
             metric_for_best_model=f"eval_{self.metric}",
             greater_is_better=BEST_METRICS[self.metric],
             load_best_model_at_end=cfg.load_best_model_at_end,
+            eval_on_start=cfg.eval_on_start,
         )
 
 

@@ -49,7 +49,11 @@ def training_hyperparameters(cfg: TrainConfig, args, world: int) -> dict:
         "optimizer": f"{optim} with betas=({args.adam_beta1}, {args.adam_beta2}), epsilon={args.adam_epsilon} and "
         f"weight_decay={cfg.weight_decay} (none on biases, norms and the kappa head)",
         "lr_scheduler_type": cfg.lr_scheduler_type,
-        "lr_scheduler_warmup_ratio": cfg.warmup_ratio,
+        **(
+            {"lr_scheduler_warmup_steps": cfg.warmup_steps}
+            if cfg.warmup_steps
+            else {"lr_scheduler_warmup_ratio": cfg.warmup_ratio}
+        ),
         **({"training_steps": cfg.max_steps} if cfg.max_steps > 0 else {"num_epochs": cfg.num_train_epochs}),
         "mixed_precision_training": "bf16" if args.bf16 else "no (fp32)",
         "max_grad_norm": cfg.max_grad_norm,

@@ -285,7 +285,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
         lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio
+        warmup_steps=cfg.warmup_steps or cfg.warmup_ratio,  # transformers 5: a float in [0, 1) is a ratio
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
@@ -294,6 +294,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         **({"optim": cfg.optim} if cfg.optim else {}),  # default: TrainingArguments' own
         run_name=cfg.run_name,
         logging_steps=cfg.logging_steps,
+        logging_first_step=cfg.logging_first_step,
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
