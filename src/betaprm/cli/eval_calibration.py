@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.records import read_records
+from ..data.records import check_kind, read_records
 from ..errors import BetaPRMInputError
 from ..evaluation import plots
 from ..evaluation.calibration import evaluate_counts, flat_counts, table
@@ -61,6 +61,7 @@ def run(args):
     cfg = config_from_args(EvalCalibrationConfig, args)
     check_eval_outputs(cfg, ("reliability.png", "sigma_error.png"))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    check_kind(cfg.data, "counts", "--data")  # a file of another kind: one line, before the model loads
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code, dtype=cfg.dtype)
     loaded = read_records(cfg.data, kind="counts", marker=prm.config.marker, flag="--data")
     records = loaded.records

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.kinds import wrong_kind
 from ..data.sources import iter_splits
 from ..errors import BetaPRMInputError
 from ..evaluation import plots, prmbench, processbench
@@ -126,6 +127,9 @@ def detect_format(spec) -> str:
                     return "prmbench"
                 if "label" in obj and "steps" in obj:
                     return "processbench"
+            other = wrong_kind(obj, ("processbench", "prmbench", "visualprocessbench"), spec)
+            if other:
+                raise BetaPRMInputError(other)
             seen = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
             raise BetaPRMInputError(
                 f"--data {spec}: cannot tell its format from the first record ({seen}); pass --format "

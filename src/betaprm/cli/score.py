@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from ..data.records import check_kind
 from ..errors import BetaPRMInputError
 from ..hub import resolve_model
 from ..options import opt
@@ -99,6 +100,7 @@ def run(args):
         [("--input", cfg.input), ("--model", cfg.model), config_file_of(cfg)],
         [("--output", cfg.output), ("--rejects", rejects if cfg.on_error == "skip" else None)],
     )
+    check_kind(cfg.input, "pool", "--input")  # a file of another kind: one line, before the model loads
     source = resolve_model(cfg.model)
     kind = model_kind(source)  # read from its files: a BetaPRM without its config stops before any output opens
     settings = {"model": model_fingerprint(source.path), **settings_of(cfg, NOT_RESULTS)}

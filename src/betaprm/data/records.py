@@ -36,10 +36,11 @@ from typing import Any
 from ..errors import BetaPRMInputError
 from ..numeric import NumberRefused, number
 from .jsonl import Problem, iter_jsonl
+from .kinds import wrong_kind
 from .sources import base_dir, iter_rows
 
 KINDS = ("counts", "pool")
-MAX_SHOWN = 30
+MAX_SHOWN = 20  # problems listed; the rest counted
 MAX_COUNT = 2**24
 """Largest N (and so K) a record may hold: float32, the training dtype, keeps every
 integer up to 2**24 exact; above it counts would be rounded (or overflow to inf)."""
@@ -548,6 +549,9 @@ def _process(
             rec, problems = None, [parse_problem]
         else:
             rec, problems = validate_object(obj, line, kind, marker, base_dir, seen)
+            if problems and not records and (other := wrong_kind(obj, kind, source)):
+                # A file of another kind: every row would fail alike, and skipping leaves none.
+                raise BetaPRMInputError(other)
         if problems:
             rejected.append((line, problems))
             rejected_rows.append((line, problems, obj, raw))
@@ -590,12 +594,23 @@ def records_from_rows(
     )
 
 
+def check_kind(path, kind: str, flag: str | None = None) -> None:
+    """Stop at once, in one line, when ``path``'s first record is of another known kind than
+    ``kind`` (``kinds.wrong_kind``): before a model loads for a file that no row of would pass."""
+    for _, obj, problem, _ in iter_rows(path, flag):
+        if problem is None and (other := wrong_kind(obj, kind, path)):
+            raise BetaPRMInputError(other)
+        return
+
+
 def validate_file(path, kind: str = "counts", marker: str = "<prm>") -> tuple[LoadResult, str]:
     """Run every check; returns the result and a printable report."""
     res = read_records(path, kind=kind, marker=marker, on_error="skip")
     lines = [f"{path}: {len(res.records)} good records, {res.n_rejected} bad"]
-    for _, problems in res.rejected:
-        lines.extend("  " + p.render(str(path)) for p in problems)
+    problems = [p for _, ps in res.rejected for p in ps]
+    lines.extend("  " + p.render(str(path)) for p in problems[:MAX_SHOWN])
+    if len(problems) > MAX_SHOWN:
+        lines.append(f"  ... and {len(problems) - MAX_SHOWN} more problems")
     if kind == "counts" and res.records:
         n_steps = sum(len(r.steps) for r in res.records)
         lines.append(
