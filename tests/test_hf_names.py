@@ -340,3 +340,22 @@ def test_trl_recipe_keys_that_cannot_run_are_refused_by_name(tmp_path, yaml_text
     path.write_text(yaml_text)
     with pytest.raises(BetaPRMInputError, match=message):
         train_config("--config", str(path))
+
+
+@pytest.mark.parametrize(
+    "report_to,message",
+    [("bogus", "'bogus' is not a tracker transformers knows"), ("tensorboard,wandb", "wandb is not installed")],
+)
+def test_a_tracker_that_cannot_run_stops_before_data_or_model(tmp_path, capsys, report_to, message):
+    """--report-to wandb without wandb, or a name no tracker has: exit 2 and one line, before the
+    data is read (here it does not even exist) or the model loads."""
+    pytest.importorskip("tensorboard")
+    argv = ["train", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "none.jsonl")]
+    argv += ["--output-dir", str(tmp_path / "out"), "--report-to", report_to]
+    import importlib.util
+
+    if report_to.endswith("wandb") and importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import BetaPRMInputError
 from .config import TrainConfig, resolve_global_batch, uses_batch_rebalance
 
 FEW_STEPS = 5
@@ -109,3 +110,23 @@ def batch_warnings(cfg: TrainConfig, n_traces: int, world: int = 1) -> list[str]
         first = f"; {warm} of them warm up, the first at learning rate 0" if warm else ""
         out.append(f"the run makes only {total} optimiser step(s) ({why}){first}. For a trained model: {more_steps}")
     return out
+
+
+def check_trackers(report_to: str) -> None:
+    """Refuse a --report-to tracker the Trainer does not know or cannot load, before any data or
+    model is read; the lists are transformers' own (``transformers.integrations``)."""
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    names = [r.strip() for r in report_to.split(",") if r.strip() and r.strip() not in ("none", "all")]
+    unknown = [r for r in names if r not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        raise BetaPRMInputError(
+            f"--report-to {report_to}: {', '.join(map(repr, unknown))} is not a tracker transformers knows; choose "
+            f"from {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, or none"
+        )
+    missing = [r for r in names if r not in get_available_reporting_integrations()]
+    if missing:
+        raise BetaPRMInputError(
+            f"--report-to {report_to}: {', '.join(missing)} is not installed; install it (`pip install "
+            f"{' '.join(missing)}`) or leave it out of --report-to"
+        )

@@ -36,7 +36,7 @@ from .checkpoints import (
     rejects_of,
     run_record,
 )
-from .checks import batch_warnings
+from .checks import batch_warnings, check_trackers
 from .config import TrainConfig, resolve_global_batch, uses_batch_rebalance
 from .dataset import CountsCollator, TokenBudgetBatchSampler, encode_records
 from .evaluate import card_results, eval_summary, plan_evaluation, undefined_metric_warning
@@ -197,6 +197,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
     grad_accum = _grad_accum(cfg, world) if not cfg.max_batch_tokens else None  # token budget: set below
     set_seed(cfg.seed)
     check_train_paths(cfg)  # nothing it reads is written over or deleted; everything it writes can be
+    check_trackers(cfg.report_to)  # an unknown or missing tracker stops now, not after the model loads
     if cfg.push_to_hub and rank == 0:  # a run that could not upload stops now, not after training
         say(f"--push-to-hub: the repository {open_hub_repo(cfg.push_to_hub, cfg.hub_private)} is ready")
     refuse_used_output_dir(cfg, rank)  # before this run writes anything there
