@@ -50,7 +50,11 @@ def test_dominance_over_the_common_tokens():
     assert d["verdict"] == "a" and d["range"] == [200, 400] and d["max_a_above_b"] == pytest.approx(0.5)
     assert dominance(lo, hi)["verdict"] == "b"
     assert dominance(hi, hi)["verdict"] == "equal"
-    assert dominance([pt(1, 1, [1])], [pt(1, 5, [1])])["verdict"] == "disjoint"
+    # No common tokens: the cheaper one wins when it is at least as accurate, else no verdict.
+    assert dominance([pt(1, 1, [1])], [pt(1, 5, [1])])["verdict"] == "a"
+    assert dominance([pt(1, 5, [1, 1])], [pt(1, 1, [1, 0]), pt(2, 2, [1, 1])])["verdict"] == "b"
+    d = dominance([pt(1, 1, [0, 1])], [pt(1, 5, [1, 1])])
+    assert d["verdict"] == "disjoint" and d["margin"] == pytest.approx(-0.5)
 
 
 def test_pooled_paired_weighs_problems_and_resamples_runs():

@@ -111,11 +111,16 @@ def matched(a: Point, b: Sequence[Point], n_boot: int = 2000, seed: int = 0) -> 
 def dominance(a: Sequence[Point], b: Sequence[Point]) -> dict:
     """Which frontier is higher over the tokens both cover: ``"a"`` (at or above B at every
     point of either, above at one), ``"b"``, ``"equal"``, ``"crossing"`` (each above
-    somewhere) or ``"disjoint"`` (no common tokens); with the largest gaps each way."""
+    somewhere) or ``"disjoint"`` (no common tokens); with the largest gaps each way. With no
+    common tokens, the cheaper frontier wins outright (``"a"`` or ``"b"``, ``"range": None``)
+    when its most accurate point is at least as accurate as every point of the dearer one:
+    it reaches as much with fewer tokens (``"margin"``: its best minus the dearer one's best)."""
     pa, pb = _sorted(a), _sorted(b)
     lo, hi = max(pa[0].tokens, pb[0].tokens), min(pa[-1].tokens, pb[-1].tokens)
     if lo > hi:
-        return {"verdict": "disjoint", "range": None}
+        cheap, dear, name = (pa, pb, "a") if pa[-1].tokens < pb[0].tokens else (pb, pa, "b")
+        margin = max(p.acc for p in cheap) - max(p.acc for p in dear)
+        return {"verdict": name if margin >= 0 else "disjoint", "range": None, "margin": float(margin)}
     xs = sorted({p.tokens for p in pa + pb if lo <= p.tokens <= hi} | {lo, hi})
     gaps = np.array([acc_at(pa, x) - acc_at(pb, x) for x in xs])
     up, down = float(gaps.max()), float(gaps.min())
