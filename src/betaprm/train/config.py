@@ -20,6 +20,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 TRUNCATE_MODES = ("steps", "reject")
 """--truncate: steps keeps the whole steps that fit (as scoring's --truncate steps), reject leaves
 the trace out."""
+DEFAULT_MAX_LENGTH = 8192
+"""--max-length when not given and the model has more positions (memory, not the model, limits it)."""
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 """The TrainingArguments ``optim`` names betaprm's optimiser (AdamW with its own parameter
 groups) honours."""
@@ -128,7 +130,11 @@ class TrainConfig:
         "many at a time and long ones few; --global-batch-size is then reached on average (0: off)",
         aliases=("max_tokens_per_batch",),
     )
-    max_length: int = _f(8192, "tokens per trace; longer traces are cut or left out as --truncate says")
+    max_length: int | None = _f(
+        None,
+        f"tokens per trace (default: the model's positions, at most {DEFAULT_MAX_LENGTH}; more than its positions is "
+        "refused); longer traces are cut or left out as --truncate says, held-out ones too",
+    )
     truncate: str = _f(
         "steps",
         "a trace longer than --max-length: steps (keep the whole steps that fit, labels with them) or reject (leave "
@@ -370,6 +376,21 @@ class TrainConfig:
                 f"({self.eval_steps}), so that every checkpoint is evaluated (the Trainer's rule); change one of them"
             )
         return problems
+
+    def fitted_to(self, positions: int | None) -> TrainConfig:
+        """This config with --max-length set for a model of ``positions`` (None: unknown): the
+        positions (at most ``DEFAULT_MAX_LENGTH``) when not given; more than them is refused,
+        since a trace past them is read at positions the model never learned (and scoring
+        refuses it)."""
+        if self.max_length is None:
+            return replace(self, max_length=min(positions or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH))
+        if positions is not None and self.max_length > positions:
+            raise BetaPRMInputError(
+                f"--max-length {self.max_length} is more than the {positions} positions of {self.model}: a trace past "
+                f"them is trained on positions the model never learned, and scoring refuses it; give --max-length "
+                f"{positions} or less, or leave it out (the default is the model's positions)"
+            )
+        return self
 
     @property
     def best_metric_name(self) -> str:

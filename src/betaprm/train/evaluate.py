@@ -100,6 +100,7 @@ class HeldOut:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     pack: bool = True
     n_truncated: int = 0
+    n_left_out: int = 0  # held-out items longer than --max-length that --truncate left out
 
     def __len__(self) -> int:
         return len(self.traces) if self.traces is not None else len(self.token_ids)
@@ -198,7 +199,8 @@ def held_out_data(prm, cfg: TrainConfig, fmt: str, records: list, source: str, p
     )
     for it, t in zip(records, ids):
         cut, kept = fit_to_length(t, prm.config.marker_id, cfg.max_length, prm.config.marker_repeat)
-        if kept == 0:  # nothing to score; left out, as training leaves such records out
+        if kept == 0 or (kept < len(it.steps) and cfg.truncate == "reject"):
+            h.n_left_out += 1  # nothing to score, or --truncate reject: left out, as training leaves them out
             continue
         h.n_truncated += kept < len(it.steps)
         h.token_ids.append(cut)
@@ -224,6 +226,7 @@ class EvalPlan:
             f"evaluating {len(h)} held-out {'items' if self.fmt == 'processbench' else 'records'} every "
             f"{cfg.eval_steps or cfg.save_steps} steps and at the end"
             + (f" ({h.n_truncated} cut to --max-length)" if h.n_truncated else "")
+            + (f" ({h.n_left_out} longer than --max-length left out)" if h.n_left_out else "")
             + f"; best model by eval_{self.metric}"
         )
         return h

@@ -26,6 +26,7 @@ from ..hub import resolve_model
 from ..model import BetaPRM, model_kind
 from ..progress import progress_bar
 from ..provenance import version
+from ..scoring import max_positions
 from ..vision import freeze_vision
 from .checkpoints import (
     RunRecorder,
@@ -225,6 +226,7 @@ def train(cfg: TrainConfig, log=None, quiet: bool = False, callbacks=None):
         check_resume(resume, record, say)  # before the model loads: a wrong resume stops at once
 
     prm = load_or_create(cfg)
+    cfg = cfg.fitted_to(max_positions(prm))  # one length rule for training, held-out data and scoring
     prm.config.objective = cfg.objective  # saved in betaprm_config.json: how the model scores (model_kind)
     card = card_of(cfg, record)  # before training: nothing after it can fail to build the card
     if any(r.images for r in records) and getattr(prm, "processor", None) is None:
