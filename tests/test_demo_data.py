@@ -111,26 +111,6 @@ def test_presets_change_defaults_and_keep_explicit_settings():
         DemoConfig(quick=True, long=True)
 
 
-def test_parity_observer_benchmark(capsys):
-    """benchmarks/parity_observer.py: the observer verifies less well than the Bayes belief
-    and drifts below it on error-free prefixes (it cannot rule out even-offset errors)."""
-    import importlib.util
-    import re
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "parity_observer", Path(__file__).parents[1] / "benchmarks" / "parity_observer.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.main(["--problems", "60", "--traces", "6", "--seed", "3"])
-    out = capsys.readouterr().out
-    bayes, parity = map(float, re.search(r"Bayes belief ([\d.]+), parity-check observer ([\d.]+)", out).groups())
-    assert parity < bayes
-    drift = [float(x) for x in out.strip().splitlines()[-1].split(":")[1].split()]
-    assert len(drift) >= 4 and all(d <= 1e-12 for d in drift) and drift[3] < drift[0]
-
-
 def test_step_diagnostics_split_by_offset_parity_only_for_an_even_modulus():
     from betaprm.synth.diagnostics import step_diagnostics
     from betaprm.synth.experiment import sample_pools
@@ -227,34 +207,6 @@ def test_prm_training_knobs_are_checked_before_the_run_starts():
     assert "prm_step_weights must be batch or data" in msg and "prm_freeze_layers must be >= 0" in msg
     assert "prm_weight_decay must be >= 0, got -1.0" in msg
     assert DemoConfig(prm_schedule="constant_with_warmup", prm_step_weights="data", prm_freeze_layers=2)
-
-
-def test_expand_backbone_benchmark_keeps_the_model_and_adds_trainable_layers(tmp_path, capsys):
-    """benchmarks/expand_backbone.py: the grown backbone computes what the original did (the
-    new layers' outputs start at zero) and its new layers get gradients once trained."""
-    import importlib.util
-    from pathlib import Path
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from .helpers import make_lm_dir
-
-    spec = importlib.util.spec_from_file_location(
-        "expand_backbone", Path(__file__).parents[1] / "benchmarks" / "expand_backbone.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    src = make_lm_dir(tmp_path / "lm")
-    mod.main([str(src), str(tmp_path / "grown"), "--layers", "2"])
-    assert "4 layers; largest logit change from the original 0" in capsys.readouterr().out
-    a = AutoModelForCausalLM.from_pretrained(src).eval()
-    b = AutoModelForCausalLM.from_pretrained(tmp_path / "grown")
-    x = torch.randint(0, a.config.vocab_size, (3, 12))
-    assert torch.equal(a(x).logits, b.eval()(x).logits)
-    b.train()
-    b(x, labels=x).loss.backward()
-    assert b.model.layers[3].self_attn.o_proj.weight.grad.abs().sum() > 0
 
 
 def _word_tokenizer_for(world, traces):

@@ -1,13 +1,28 @@
-"""The user-facing text keeps its promises: a short README, every cited file present, no
-issue or session talk, and each long module saying why it is long."""
+"""The user-facing text keeps its promises: a short README, every cited file present (or,
+once removed, named with a commit that has it), no issue or session talk, and each long module
+saying why it is long."""
 
 import ast
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
 CITED = re.compile(r"`((?:src|docs|benchmarks|tests|configs)/[^`\s]+)`")
+# a script named inside a command (`python benchmarks/x.py ...`), not after `COMMIT:`
+SCRIPT = re.compile(r"(?<![\w/.:-])((?:src|benchmarks|tests)/[\w/.-]*\w\.(?:py|sh))\b")
+# a removed file: "`benchmarks/x.py` (removed; at commit abc1234)" in the same section
+REMOVED = r"`{}`,? \(?removed; at commit ([0-9a-f]{{7,40}})\b"
+
+
+def _in_commit(path, commit):
+    """Whether ``commit`` has ``path`` (True where there is no git history to ask, as in an sdist)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        return True
+    done = subprocess.run(["git", "cat-file", "-e", f"{commit}:{path}"], cwd=ROOT, capture_output=True)
+    return done.returncode == 0
 
 
 def test_readme_is_a_short_guide():
@@ -17,13 +32,19 @@ def test_readme_is_a_short_guide():
 def test_every_cited_file_exists():
     missing = []
     for path in TEXTS:
-        for cited in CITED.findall(path.read_text()):
-            cited = cited.rstrip(".,;:)")
-            if any(c in cited for c in "*<>{}") or re.search(r"\b(OUT|DIR|NAME)\b", cited):
-                continue  # a pattern or a placeholder, not a file
-            for part in cited.split(","):  # `a/x.json`, `b.json` style lists
-                if part and not (ROOT / part).exists() and "/" in part:
-                    missing.append(f"{path.name}: {part}")
+        for section in re.split(r"(?m)^## ", path.read_text()):
+            for cited in {*CITED.findall(section), *SCRIPT.findall(section)}:
+                cited = cited.rstrip(".,;:)")
+                if any(c in cited for c in "*<>{}") or re.search(r"\b(OUT|DIR|NAME)\b", cited):
+                    continue  # a pattern or a placeholder, not a file
+                for part in cited.split(","):  # `a/x.json`, `b.json` style lists
+                    if not part or (ROOT / part).exists() or "/" not in part:
+                        continue
+                    note = re.search(REMOVED.format(re.escape(part)), section)
+                    if note is None:
+                        missing.append(f"{path.name}: {part}")
+                    elif not _in_commit(part, note.group(1)):
+                        missing.append(f"{path.name}: {part} is not in commit {note.group(1)}")
     assert not missing, missing
 
 

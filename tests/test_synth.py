@@ -286,55 +286,6 @@ def test_partial_check_observer_matches_brute_force():
         w.bayes_belief(p, tr.values, check_mod=4)
 
 
-def test_mc_label_speed_benchmark(capsys):
-    """benchmarks/mc_label_speed.py runs both paths and finds the same counts."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "mc_label_speed", Path(__file__).parents[1] / "benchmarks" / "mc_label_speed.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.main(["--problems", "10", "--rounds", "1", "--mc-n", "4"])
-    out = capsys.readouterr().out
-    assert "counts identical" in out and "generic" in out and "fast" in out
-
-
-def test_start_shift_is_a_symmetry_of_offsets_q_and_the_bayes_belief():
-    """benchmarks/where_mu_errs.py reads how far a PRM's mu moves under a shifted start;
-    that is all value-reading only if the shift leaves offsets, q_t and the Bayes mean alone."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "where_mu_errs", Path(__file__).parents[1] / "benchmarks" / "where_mu_errs.py"
-    )
-    from betaprm.synth.diagnostics import error_kinds
-
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rng = np.random.default_rng(3)
-    for cfg in (WorldConfig(), WorldConfig(modulus=12, min_ops=8, max_ops=12)):
-        w = World(cfg)
-        moved = 0
-        for p in w.sample_problems(30, seed=5):
-            for tr in w.sample_traces(p, 3, rng, boost=3.0):
-                assert mod.shifted(p, tr, 0) == (p.question, tr.steps)  # the world's own step texts
-                shift = int(rng.integers(1, w.M))
-                question, steps = mod.shifted(p, tr, shift)
-                q = Problem(p.id, (p.start + shift) % w.M, p.ops, p.hidden, p.level, p.visible, w.M)
-                assert question == q.question and len(steps) == len(tr.steps)
-                vals = w.values_of(q, steps)
-                assert int(steps[-1].split()[-1]) == vals[-1]
-                moved += vals != tr.values
-                assert np.array_equal(w.offsets(q, vals), w.offsets(p, tr.values))
-                np.testing.assert_allclose(w.true_q(q, vals), w.true_q(p, tr.values), atol=1e-12)
-                np.testing.assert_allclose(w.bayes_belief(q, vals)[0], w.bayes_belief(p, tr.values)[0], atol=1e-12)
-                assert error_kinds(q, vals) == error_kinds(p, tr.values)
-        assert moved > 50  # the copies do write other values
-
-
 def test_error_kinds_against_the_offsets():
     """error_kinds finds the first wrong verifiable step and any wrong recall step: with
     neither, the trace is correct; the first wrong step is where the offset first moves

@@ -251,8 +251,9 @@ PRESETS = {
         num_layers=3,
         prm_freeze_layers=1,
     ),
-    # Found with benchmarks/probe_sweep.sh on a GPU: the smallest budget seen to learn the
-    # mod-5 half of the step check, not only parity.
+    # Found with a GPU sweep of probes (benchmarks/RESULTS.md; the script, benchmarks/probe_sweep.sh,
+    # is at commit 0bbc6e2): the smallest budget seen to learn the mod-5 half of the step check,
+    # not only parity.
     # One pass per step: the runs this preset was measured with (benchmarks/RESULTS.md).
     "long": dict(prm_steps=6600, intermediate_size=384, prm_freeze_layers=0, prm_lr=3e-4, prm_micro_batches=1),
 }
