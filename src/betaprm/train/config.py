@@ -1,6 +1,10 @@
 """``betaprm train``'s options: ``TrainConfig`` (defaults, help texts, validation) and the
 objectives. Free of torch and transformers, so ``betaprm train --help`` is built from it
-without loading them."""
+without loading them.
+
+Over 400 lines because every training option lives here with its help text and its check
+(the command's one source of flags, config-file keys and settings): split, the checks would
+drift from the fields they check."""
 
 from __future__ import annotations
 
