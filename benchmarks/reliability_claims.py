@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from betaprm.evaluation.frontier import matched, pooled_paired
+from betaprm.evaluation.frontier import hits_at, matched, pooled_paired
 from betaprm.evaluation.tables import markdown_table
 from betaprm.synth.frontiers import ACA_KNOBS, read_per_problem
 
@@ -77,6 +77,17 @@ def _table_minus(pp, a, b):
     if a not in pp["aca"] or b not in pp["aca"]:
         return None
     return _aca_table_point(pp, a).hits - _aca_table_point(pp, b).hits
+
+
+def _vote_half_vs_bon16(pp):
+    """The adaptive reliability vote's frontier at half of Best-of-N's tokens (the mix of its
+    two settings around them, per problem) minus Best-of-N's reliability vote on the whole
+    pool (None: a run without the adaptive vote, or a frontier that does not reach half)."""
+    if "vote" not in pp["aca"]:
+        return None
+    full = _last(pp["bon"]["betaprm_reliability_vote"])
+    half = hits_at(pp["aca"]["vote"], full.tokens / 2)
+    return None if half is None else half - full.hits
 
 
 def _vote_vs_bon16(pp):
@@ -130,6 +141,11 @@ CLAIMS = {
     "adaptive vote vs Best-of-N reliability vote": (
         "the adaptive reliability vote (table point) minus Best-of-N's reliability vote on the whole pool",
         _vote_vs_bon16,
+    ),
+    "adaptive vote at half the tokens vs Best-of-N reliability vote": (
+        "the adaptive reliability vote's frontier at half of Best-of-N's tokens minus Best-of-N's reliability vote "
+        "on the whole pool",
+        _vote_half_vs_bon16,
     ),
     "adaptive vote vs Adaptive-Consistency": (
         "the adaptive reliability vote minus Adaptive-Consistency at the vote's tokens",
@@ -236,7 +252,8 @@ def claims_table(runs: list[dict], seed: int = 0) -> tuple[list[list[str]], dict
     for claim, (what, diff) in CLAIMS.items():
         per_run = [(r["group"], diff(r["pp"])) for r in runs]
         missing = [g for g, d in per_run if d is None]
-        pooled = pooled_paired([d for _, d in per_run if d is not None], seed=seed)
+        have = [d for _, d in per_run if d is not None]
+        pooled = pooled_paired(have, seed=seed) if have else None  # None: no run has what it compares
         by_group = {
             g: pooled_paired([d for gg, d in per_run if gg == g and d is not None], seed=seed)
             if any(gg == g and d is not None for gg, d in per_run)
