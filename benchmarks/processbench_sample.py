@@ -18,25 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
+
+from betaprm.evaluation.sampling import stratified_sample
 
 SUBSETS = ("gsm8k", "math", "olympiadbench", "omnimath")
 
 
 def sample(rows: list[dict], per_class: int, seed: int, max_chars: int | None) -> list[dict]:
     """``per_class`` erroneous and ``per_class`` correct rows (fewer where a class has
-    fewer), in the file's order."""
-    rng = random.Random(seed)
-
-    def fits(r):
-        return max_chars is None or len(r["problem"]) + sum(map(len, r["steps"])) <= max_chars
-
-    keep = set()
-    for correct in (False, True):
-        pool = [i for i, r in enumerate(rows) if (r["label"] == -1) == correct and fits(r)]
-        keep.update(rng.sample(pool, min(per_class, len(pool))))
-    return [rows[i] for i in sorted(keep)]
+    fewer), in the file's order: ``betaprm.evaluation.sampling.stratified_sample``, the
+    sampler of ``eval-steps --limit``, over the rows that fit ``max_chars``."""
+    size = [len(r["problem"]) + sum(map(len, r["steps"])) for r in rows]
+    fit = [i for i in range(len(rows)) if max_chars is None or size[i] <= max_chars]
+    picked = stratified_sample([rows[i]["label"] == -1 for i in fit], per_class=per_class, seed=seed)
+    return [rows[fit[j]] for j in picked]
 
 
 def main(argv=None):

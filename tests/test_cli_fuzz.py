@@ -33,7 +33,7 @@ TIME_BOUND_S = 240  # a hang, not a slow run: the whole harness takes well under
 
 # Options that name files or folders: what each command reads, and what it writes.
 INPUT_FIELDS = {"model", "data", "input", "pools", "problems", "eval_data", "baseline", "frontier", "world_config"}
-OUTPUT_FIELDS = {"out", "output", "output_dir", "rejects", "plots"}
+OUTPUT_FIELDS = {"out", "output", "output_dir", "rejects", "plots", "log_samples"}
 # Options whose hostile values need not be refused: a seed or a port may be any integer the
 # command then checks itself; they still must not crash. Nothing is left out.
 

@@ -481,6 +481,23 @@ def write_result(path, result: dict, settings: dict, info: dict | None = None) -
     Path(path).write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
 
 
+def write_records(path, records, settings: dict, info: dict | None = None) -> None:
+    """Records of one finished run as a whole JSONL file (one per line; NaN written as
+    null, as in ``write_result``), with the settings that made them in its sidecar
+    ``OUT.meta.json``, as a resumable output has them. Written anew, never appended: a
+    rerun replaces both (each file whole or not at all)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(finite_or_null(r), allow_nan=False, ensure_ascii=False) + "\n")
+    settings = json.loads(json.dumps(settings))
+    info = {**(info or {}), "betaprm": version(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _write_json(meta_path(path), {"settings": settings, "info": info})
+    os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------------- strict JSON
 def _non_finite(obj, where: str = ""):
     """The first non-finite float in ``obj``: ``(path, value)``, or None."""

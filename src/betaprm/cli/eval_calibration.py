@@ -84,7 +84,9 @@ def run(args):
     if cfg.plots:
         out = Path(cfg.plots)
         out.mkdir(parents=True, exist_ok=True)
-        plots.reliability_diagram({name: (mu, k / n)}, out / "reliability.png", bins=cfg.bins)
+        plots.reliability_diagram(
+            {name: (mu, k / n)}, out / "reliability.png", bins=cfg.bins, ylabel="observed success fraction K/N"
+        )
         if kind == "beta":
             plots.sigma_vs_error({name: res["sigma_error_bins"]}, out / "sigma_error.png")
     return 0

@@ -11,11 +11,13 @@ from ..errors import BetaPRMInputError
 from ..evaluation import plots, prmbench, processbench
 from ..evaluation.prmbench import CATEGORIES, CORRECT, describe_irregular, evaluate_prmbench, read_prmbench
 from ..evaluation.processbench import evaluate_processbench, read_processbench
-from ..evaluation.steps import evaluate_steps, f1_scores, read_visualprocessbench
+from ..evaluation.step_reports import describe_sample, limit_items, sample_records, step_labels, threshold_curves
+from ..evaluation.steps import evaluate_steps, read_visualprocessbench
 from ..numeric import NumberRefused, number
 from ..options import opt as _f
+from ..provenance import write_records
 from .flags import add_config_args, config_from_args
-from .scoring_options import ScoringOptions, check_eval_outputs, write_evaluation
+from .scoring_options import ScoringOptions, check_eval_outputs, evaluation_settings, write_evaluation
 
 HELP = "step-level error detection: VisualProcessBench, ProcessBench, PRMBench (F1, in each benchmark's own layout)"
 DESCRIPTION = """Step-level error detection on three benchmarks' formats (--format, detected by default).
@@ -45,7 +47,15 @@ Step score (--score auto): mu for a standard PRM or a plain causal LM scored zer
 Yes/No logits at each marker); for a BetaPRM mu - 0.5*sigma when the threshold is chosen on
 validation (visualprocessbench always; others with --threshold val), mu against a fixed
 threshold (the published rule compares a probability with 0.5). --data takes JSONL, .json,
-parquet, a save_to_disk folder or a hub name (NAME[:SPLIT]). --out writes the results as JSON."""
+parquet, a save_to_disk folder or a hub name (NAME[:SPLIT]). --out writes the results as JSON.
+
+--limit N evaluates at most N items of each subset (ProcessBench subset, VisualProcessBench
+data source, PRMBench category), drawn with --seed by class (erroneous / all correct) in the
+subset's own proportions, at least one of each: the official files list their erroneous items
+first, so the first N items would leave every F1 undefined. The metrics are the official ones
+on the sample; --out records the limit, the seed and what was drawn. --log-samples FILE writes
+one JSON line per evaluated item (its steps, mu, kappa, sigma, the prediction, the truth and
+whether they match), as lm-evaluation-harness's --log_samples."""
 
 
 FORMATS = ("visualprocessbench", "processbench", "prmbench")
@@ -76,6 +86,19 @@ class EvalStepsConfig(ScoringOptions):
     out: str | None = _f(
         None, "write the results here (JSON): the printed table's numbers, the threshold, counts and settings"
     )
+    limit: int | None = _f(
+        None,
+        "evaluate at most this many items of each subset (ProcessBench subset, VisualProcessBench data source, "
+        "PRMBench category), drawn with --seed by class (erroneous / all correct) in the subset's proportions, at "
+        "least one of each, so every F1 stays defined (lm-evaluation-harness's --limit, stratified); the official "
+        "metrics on the sample",
+    )
+    log_samples: str | None = _f(
+        None,
+        "write one JSON line per evaluated item here: id, subset, steps, mu, kappa, sigma, the step score, the "
+        "prediction, the truth and whether they match (lm-evaluation-harness's --log_samples); settings in "
+        "FILE.meta.json",
+    )
     plots: str | None = _f(
         None,
         "write a reliability diagram (step mu against the step's label) and F1 against the threshold (PNG) into this "
@@ -89,7 +112,7 @@ class EvalStepsConfig(ScoringOptions):
     )
     lam: float = _f(0.5, "lambda of mu - lambda*sigma")
     val_fraction: float = _f(0.2, "fraction of problems used to choose the threshold")
-    seed: int = _f(0, "seed of the problem split")
+    seed: int = _f(0, "seed of the problem split (--threshold val) and of the --limit draw")
     device: str = _f("auto", "auto, cpu, cuda, ...")
     ignore_images: bool = _f(False, "score records that have images as text only (for a text-only model)")
     trust_remote_code: bool = _f(False, "allow model code from the checkpoint")
@@ -105,6 +128,8 @@ class EvalStepsConfig(ScoringOptions):
             bad.append("--format visualprocessbench always chooses its threshold on validation; drop --threshold")
         if not 0 < self.val_fraction < 1:
             bad.append(f"--val-fraction must be in (0, 1), got {self.val_fraction}")
+        if self.limit is not None and self.limit < 1:
+            bad.append(f"--limit must be at least 1 (items per subset), got {self.limit}")
         bad += self.scoring_problems()
         if bad:
             raise BetaPRMInputError("bad eval-steps configuration: " + "; ".join(bad))
@@ -144,7 +169,7 @@ def run(args):
     from ..model import load_prm
 
     cfg = config_from_args(EvalStepsConfig, args)
-    check_eval_outputs(cfg, ("reliability.png", "f1_threshold.png"))
+    check_eval_outputs(cfg, ("reliability.png", "f1_threshold.png"), [("--log-samples", cfg.log_samples)])
     fmt = detect_format(cfg.data) if cfg.format == "auto" else cfg.format
     threshold = cfg.threshold if cfg.threshold != "auto" else ("val" if fmt == "visualprocessbench" else "0.5")
     # Refused before any scoring: a long benchmark run would otherwise end in this error.
@@ -159,6 +184,9 @@ def run(args):
         )
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     items = _read(fmt, cfg.data)
+    sample = None
+    if cfg.limit is not None:
+        items, sample = limit_items(fmt, items, cfg.limit, cfg.seed)
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code, dtype=cfg.dtype)
     with_images = sum(bool(getattr(it, "images", None)) for it in items)
     if with_images and not prm.is_vision and not cfg.ignore_images:
@@ -181,6 +209,8 @@ def run(args):
     step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
     score_name = mode if mode == "mu" else f"mu - {cfg.lam}*sigma"
     print(f"{cfg.model} ({kind}; step score {score_name}; {fmt})")
+    if sample is not None:
+        print(describe_sample(sample))
     if fmt == "visualprocessbench":
         res = _visualprocessbench(cfg, items, step_scores)
     elif fmt == "processbench":
@@ -188,8 +218,17 @@ def run(args):
     else:
         res = _prmbench(items, step_scores, threshold)
     res.update(model=cfg.model, model_kind=kind, score=score_name, data=cfg.data, format=fmt)
+    if sample is not None:
+        res["limit"] = sample
     if cfg.out:
         write_evaluation(cfg, res)
+    if cfg.log_samples:
+        write_records(
+            cfg.log_samples,
+            sample_records(fmt, items, scores, step_scores, res, cfg.val_fraction, cfg.seed),
+            evaluation_settings(cfg),
+            {"model": cfg.model, "data": cfg.data},
+        )
     if cfg.plots:
         _plots(cfg, fmt, items, scores, step_scores, res)
     return 0
@@ -276,42 +315,25 @@ def _visualprocessbench(cfg, items, step_scores) -> dict:
     return res
 
 
-def _plots(cfg, fmt, items, scores, step_scores, res):
+def _plots(cfg, fmt, items, scores, step_scores, res) -> dict:
+    """reliability.png (mu against the observed step labels) and f1_threshold.png (the
+    benchmark's own metric against the threshold, the threshold marked on the curve it was
+    chosen on); returns the Figures by file name."""
     import numpy as np
 
     out = Path(cfg.plots)
     out.mkdir(parents=True, exist_ok=True)
-    # Per step, whether it is correct: with --truncate steps a trace's scores may cover
-    # fewer steps than it has, so only the scored steps enter.
-    if fmt == "visualprocessbench":
-        labels = [np.array(it.labels[: len(s)]) for s, it in zip(scores, items)]
-    elif fmt == "processbench":
-        # Steps after the first error are unlabelled in ProcessBench: only steps up to it enter.
-        labels = [
-            np.array(
-                (
-                    [1] * len(it.steps)
-                    if it.label == -1
-                    else [1] * it.label + [-1] + [0] * (len(it.steps) - it.label - 1)
-                )[: len(s)]
-            )
-            for s, it in zip(scores, items)
-        ]
-    else:
-        labels = [np.array([-1 if j in it.error_steps else 1 for j in range(len(s))]) for s, it in zip(scores, items)]
+    labels = step_labels(fmt, items, [len(s) for s in scores])
     mu = np.concatenate([s.mu[lab != 0] for s, lab in zip(scores, labels)])
     y = np.concatenate([(lab[lab != 0] == 1) for lab in labels]).astype(float)
-    plots.reliability_diagram({"mu": (mu, y)}, out / "reliability.png")
-    sc = np.concatenate([np.asarray(s)[lab != 0] for s, lab in zip(step_scores, labels)])
-    ts = np.quantile(sc, np.linspace(0, 1, 41))
-
-    # VisualProcessBench's rule: correct when score >= threshold; the others: > threshold.
-    def pred(t):
-        return sc >= t if fmt == "visualprocessbench" else sc > t
-
-    plots.best_of_n_curves(
-        {"step micro-F1 (all steps)": (list(ts), [f1_scores(pred(t), y.astype(bool))[0] for t in ts])},
-        out / "f1_threshold.png",
-        points={"threshold used": (res["threshold"], f1_scores(pred(res["threshold"]), y.astype(bool))[0])},
-        xlabel="threshold on the step score",
-    )
+    which = "steps up to the first error" if fmt == "processbench" else "labelled steps"
+    figs = {
+        "reliability.png": plots.reliability_diagram(
+            {f"mu ({which}: {len(mu)})": (mu, y)},
+            out / "reliability.png",
+            ylabel="observed fraction correct (step labels)",
+        )
+    }
+    curves, marks, ylabel = threshold_curves(fmt, items, step_scores, labels, res, cfg.val_fraction, cfg.seed)
+    figs["f1_threshold.png"] = plots.metric_vs_threshold(curves, out / "f1_threshold.png", ylabel, marks)
+    return figs

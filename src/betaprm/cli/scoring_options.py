@@ -85,6 +85,7 @@ EVALUATION_NOT_RESULTS = {
     "data",
     "out",
     "plots",
+    "log_samples",
     "device",
     "batch_size",
     "max_batch_tokens",
@@ -92,24 +93,28 @@ EVALUATION_NOT_RESULTS = {
 }
 
 
-def write_evaluation(cfg, res: dict) -> None:
-    """``res`` to ``cfg.out`` (JSON) with the settings that made it: the model's and the
-    data's fingerprints and every option that changes the numbers."""
-    settings = {
+def evaluation_settings(cfg) -> dict:
+    """The settings that made an evaluation: the model's and the data's fingerprints and
+    every option that changes the numbers (``--limit`` and ``--seed`` among them)."""
+    return {
         "model": model_fingerprint(cfg.model),
         "data": fingerprint(cfg.data),
         **settings_of(cfg, EVALUATION_NOT_RESULTS),
     }
-    write_result(cfg.out, res, settings, {"model": cfg.model, "data": cfg.data})
 
 
-def check_eval_outputs(cfg, plot_files=()) -> None:
-    """--out and --plots (and the ``plot_files`` written there) checked before the model
-    loads: an unwritable path, or one that is --data or --model, would otherwise fail
-    after the whole evaluation, losing its results."""
+def write_evaluation(cfg, res: dict) -> None:
+    """``res`` to ``cfg.out`` (JSON) with the settings that made it (``evaluation_settings``)."""
+    write_result(cfg.out, res, evaluation_settings(cfg), {"model": cfg.model, "data": cfg.data})
+
+
+def check_eval_outputs(cfg, plot_files=(), outputs=()) -> None:
+    """--out and --plots (and the ``plot_files`` written there), and any other ``outputs``
+    (flag, path), checked before the model loads: an unwritable path, or one that is --data
+    or --model, would otherwise fail after the whole evaluation, losing its results."""
     plots = [(f"--plots ({name})", f"{cfg.plots}/{name}") for name in plot_files] if cfg.plots else []
     check_paths(
         [("--data", cfg.data), ("--model", cfg.model), config_file_of(cfg)],
-        [("--out", cfg.out), *plots],
+        [("--out", cfg.out), *outputs, *plots],
         [("--plots", cfg.plots)],
     )

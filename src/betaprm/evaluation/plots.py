@@ -33,10 +33,21 @@ def kappa_dynamics(log_history: list[dict], path, title: str = "kappa during tra
     plt.close(fig)
 
 
-def reliability_diagram(series: dict, path, bins: int = 10) -> None:
-    """Mean predicted mu against the mean true success probability per mu bin.
+def reliability_diagram(
+    series: dict,
+    path,
+    bins: int = 10,
+    ylabel: str = "true success probability",
+    xlabel: str | None = None,
+    min_count: int = 20,
+):
+    """Mean predicted mu against the mean target per mu bin (``bins`` equal-width bins of
+    mu; a bin with fewer than ``min_count`` points is left out). Returns the Figure (closed,
+    after saving), so what it says can be read back.
 
-    ``series``: name -> (mu, target) arrays, target being the true q or outcomes."""
+    ``series``: name -> (mu, target) arrays; ``ylabel`` names the target: the default is
+    for the true q of the demo's world; observed outcomes (0/1 step labels, K/N) need their
+    own name."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(4.2, 4.2))
     ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
@@ -47,17 +58,18 @@ def reliability_diagram(series: dict, path, bins: int = 10) -> None:
         xs, ys = [], []
         for b in range(bins):
             sel = idx == b
-            if sel.sum() >= 20:
+            if sel.sum() >= min_count:
                 xs.append(mu[sel].mean())
                 ys.append(target[sel].mean())
         ax.plot(xs, ys, marker="o", label=name)
-    ax.set_xlabel("predicted mu")
-    ax.set_ylabel("true success probability")
-    ax.set_title("reliability")
+    ax.set_xlabel(xlabel or "predicted mu (mean per bin)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"reliability: {bins} equal-width bins of mu, >= {min_count} points each", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(Path(path), dpi=120)
     plt.close(fig)
+    return fig
 
 
 def kappa_vs_bayes(kappa, kappa_star, path, cap: float = 1e3) -> None:
@@ -93,6 +105,38 @@ def best_of_n_curves(curves: dict, path, points: dict | None = None, xlabel: str
     fig.tight_layout()
     fig.savefig(Path(path), dpi=120)
     plt.close(fig)
+
+
+def metric_vs_threshold(
+    curves: dict,
+    path,
+    ylabel: str,
+    marks: dict | None = None,
+    xlabel: str = "threshold on the step score",
+    title: str | None = None,
+):
+    """A metric against the decision threshold, one step curve per part of the data.
+
+    ``curves``: label -> (thresholds, values, drawstyle), drawstyle ``steps-post`` for a
+    metric that holds from each threshold up to the next (a rule "correct when above t"),
+    ``steps-pre`` for one that holds up to each threshold ("at least t"); nan values leave
+    a gap (undefined there). ``marks``: label -> (x, y), a star each (the threshold used,
+    on the curve it was chosen on). Returns the Figure (closed, after saving)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, (xs, ys, style) in curves.items():
+        ax.plot(xs, ys, drawstyle=style, label=name)
+    for name, (x, y) in (marks or {}).items():
+        ax.scatter([x], [y], marker="*", s=90, label=name, zorder=3)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=120)
+    plt.close(fig)
+    return fig
 
 
 def frontier_curves(curves: dict, path, xlabel: str = "generated tokens (all test problems)", families=None) -> None:

@@ -169,26 +169,18 @@ def _match_intervals(items, scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return np.array(lo), np.array(hi), np.array(err)
 
 
-def choose_threshold(items: Sequence[PBItem], scores: Sequence[np.ndarray]) -> tuple[float, float]:
-    """The threshold with the highest average F1 (the reported metric: the mean over
-    subsets of the harmonic mean of error and correct accuracy) on ``items``, and that F1 in
-    percent; ties go to the lowest threshold. Exact: every item is right on one interval of
-    thresholds, so only the interval ends need trying. Every subset needs items of both
-    kinds (otherwise its F1 is undefined whatever the threshold). While choosing, an F1
-    whose accuracies are both 0 (undefined in the official script) counts as 0."""
+def average_f1_curve(
+    items: Sequence[PBItem], scores: Sequence[np.ndarray], thresholds, choosing: bool = False
+) -> np.ndarray:
+    """The average F1 in percent (the mean over subsets of the harmonic mean of error and
+    correct accuracy) at each of ``thresholds``, exactly as ``evaluate_processbench`` would
+    report it there: nan where the official script's is (a subset without items of one kind,
+    or both its accuracies 0). ``choosing``: the rule ``choose_threshold`` maximises
+    instead, where an F1 whose accuracies are both 0 counts as 0."""
     lo, hi, err = _match_intervals(items, scores)
+    thresholds = np.asarray(thresholds, dtype=np.float64)
     subsets = np.array([it.subset for it in items])
-    for sub in sorted(set(subsets.tolist())):
-        m = subsets == sub
-        if err[m].all() or not err[m].any():
-            kind = "erroneous" if err[m].all() else "correct"
-            raise BetaPRMInputError(
-                f"the validation part of subset {sub!r} holds only {kind} items, "
-                "so no threshold can be chosen on it; give more problems, change --val-fraction / --seed, or fix "
-                "--threshold"
-            )
     ok = lo < hi
-    cands = np.unique(np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)], [-np.inf]]))
     f1s = []
     for sub in sorted(set(subsets.tolist())):
         m = subsets == sub
@@ -196,14 +188,37 @@ def choose_threshold(items: Sequence[PBItem], scores: Sequence[np.ndarray]) -> t
         acc = []
         for cls in (True, False):
             sel = m & ok & (err == cls)
-            right = np.searchsorted(np.sort(lo[sel]), cands, "right") - np.searchsorted(
-                np.sort(hi[sel]), cands, "right"
+            right = np.searchsorted(np.sort(lo[sel]), thresholds, "right") - np.searchsorted(
+                np.sort(hi[sel]), thresholds, "right"
             )
-            acc.append(100 * right / int((m & (err == cls)).sum()))
+            n = int((m & (err == cls)).sum())
+            acc.append(100 * right / n if n else np.full(len(thresholds), np.nan))
         a1, a2 = acc
         with np.errstate(invalid="ignore", divide="ignore"):
-            f1s.append(np.where(a1 + a2 > 0, 2 * a1 * a2 / (a1 + a2), 0.0))
-    f1 = np.mean(f1s, axis=0)
+            f1s.append(np.where(a1 + a2 > 0, 2 * a1 * a2 / (a1 + a2), 0.0 if choosing else np.nan))
+    return np.mean(f1s, axis=0)
+
+
+def choose_threshold(items: Sequence[PBItem], scores: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The threshold with the highest average F1 (the reported metric: the mean over
+    subsets of the harmonic mean of error and correct accuracy) on ``items``, and that F1 in
+    percent; ties go to the lowest threshold. Exact: every item is right on one interval of
+    thresholds, so only the interval ends need trying. Every subset needs items of both
+    kinds (otherwise its F1 is undefined whatever the threshold). While choosing, an F1
+    whose accuracies are both 0 (undefined in the official script) counts as 0
+    (``average_f1_curve(..., choosing=True)``)."""
+    lo, hi, err = _match_intervals(items, scores)
+    subsets = np.array([it.subset for it in items])
+    for sub in sorted(set(subsets.tolist())):
+        m = subsets == sub
+        if err[m].all() or not err[m].any():
+            kind = "erroneous" if err[m].all() else "correct"
+            raise BetaPRMInputError(
+                f"the validation part of subset {sub!r} holds only {kind} items, so no threshold can be chosen on "
+                "it; give more problems (or a larger --limit), change --val-fraction / --seed, or fix --threshold"
+            )
+    cands = np.unique(np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)], [-np.inf]]))
+    f1 = average_f1_curve(items, scores, cands, choosing=True)
     i = int(np.argmax(f1))  # the first maximum: the lowest threshold
     tau = float(cands[i])
     if not np.isfinite(tau):  # nothing flagged is best: any threshold below every score
