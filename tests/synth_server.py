@@ -13,15 +13,23 @@ from betaprm.synth import SynthPolicy, World
 class SynthServer:
     """A real HTTP server speaking the OpenAI chat/completions API with the
     chain-arithmetic policy behind it. ``mode``: ok, fail-twice (HTTP 500 twice, then
-    ok), stall (sleeps past the client's timeout), garbage (not JSON), reject (HTTP 400)."""
+    ok), stall (sleeps past the client's timeout), garbage (not JSON), reject (HTTP 400),
+    half-500 / half-drop (every second call answers HTTP 500 / closes the connection
+    without an answer), down (every call answers HTTP 503). ``fail_after``: calls past
+    this many answer HTTP 503. ``answered`` and ``failed`` hold the bodies of the calls
+    answered with completions and of those failed on purpose."""
 
-    def __init__(self, problems, mode="ok"):
+    def __init__(self, problems, mode="ok", fail_after=None):
         self.world = World()
         self.policy = SynthPolicy(self.world, seed=0)
         self.by_question = {p.question: p for p in problems}
         self.mode = mode
         self.calls = 0
         self.bodies = []
+        self.answered = []
+        self.failed = []
+        self.fail_after = fail_after
+        lock = threading.Lock()
         self.image_parts = []  # per request with images: its image URLs
         server = self
 
@@ -31,8 +39,21 @@ class SynthServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.calls += 1
-                server.bodies.append(body)
+                with lock:
+                    server.calls += 1
+                    server.bodies.append(body)
+                    call = server.calls
+                    half = server.mode.startswith("half-") and call % 2 == 0
+                    fail = (
+                        half or server.mode == "down" or (server.fail_after is not None and call > server.fail_after)
+                    )
+                    if fail:
+                        server.failed.append(body)
+                if fail and server.mode == "half-drop":
+                    self.close_connection = True  # no status line: the client reads an early end
+                    return
+                if fail:
+                    return self._send(500 if half else 503, b'{"error": "replica failing"}')
                 if server.mode == "stall":
                     time.sleep(1.5)
                 if server.mode == "fail-twice" and server.calls <= 2:
@@ -67,6 +88,8 @@ class SynthServer:
                 if one:
                     choice["stop_reason"] = None if c.finished else "\n\n"
                 ans = {"choices": [choice], "usage": {"completion_tokens": c.n_tokens}}
+                with lock:
+                    server.answered.append(body)
                 self._send(200, json.dumps(ans).encode())
 
             def _send(self, code, data):

@@ -17,6 +17,10 @@ values as the metavar; both are checked by ``config_from_args`` for flags and co
 values alike (``betaprm.options.field_problems``): a required flag may come from the file, so
 argparse's own ``required=`` is not used.
 
+A text option made with ``opt(..., joined=",")`` takes several values: the flag repeated
+(``--base-url A --base-url B``) joins them with the separator, as the one flag ``--base-url
+A,B`` would, and a config file may give them as a list.
+
 A config class may translate a file's foreign keys (another tool's names for its options)
 with a classmethod ``from_file_keys(values, path) -> values``, called on the file's keys
 before they are checked.
@@ -66,6 +70,8 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
             kwargs.update(type=_FLAG_TYPES.get(base, base), metavar=f.name.upper())
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {typ}")
+        if f.metadata.get("joined") and typ in (str, str | None):
+            kwargs["action"] = _joining(f.metadata["joined"])
         if choices is not None and typ is not bool:
             # Listed, not enforced by argparse: a value may come from the file, and a renamed
             # one (old_values) is still accepted; config_from_args checks both.
@@ -120,6 +126,18 @@ def deprecation(old: str, new: str) -> None:
 class _Store(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
+
+
+def _joining(sep: str):
+    """An argparse action that joins a repeated flag's values with ``sep`` (argparse's own
+    store would keep the last one and drop the others without a word)."""
+
+    class Joining(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            before = getattr(namespace, self.dest, None)
+            setattr(namespace, self.dest, values if before is None else f"{before}{sep}{values}")
+
+    return Joining
 
 
 def _deprecated(base, new_name: str):
@@ -212,6 +230,7 @@ def _typed(cls, values: dict, path: str) -> dict:
     """The file's values checked against the fields' types (as a flag's value would be):
     an int is accepted for a float field, nothing else is converted."""
     hints, out, bad = get_type_hints(cls), {}, []
+    joined = {f.name: f.metadata.get("joined") for f in dataclasses.fields(cls)}
     for k, v in values.items():
         typ = hints[k]
         optional = typ in (int | None, float | None, str | None)
@@ -220,6 +239,8 @@ def _typed(cls, values: dict, path: str) -> dict:
             out[k] = v
         elif base is bool and isinstance(v, bool) or base is str and isinstance(v, str):
             out[k] = v
+        elif joined.get(k) and isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+            out[k] = joined[k].join(v)  # several values, as the flag repeated would give them
         elif base in (int, float) and not isinstance(v, str):
             try:  # numeric.number: the one check of flags, config files, records and requests
                 x = number(v, k, integer=base is int, what=rule_text(base is int) + (" or null" if optional else ""))
@@ -229,6 +250,8 @@ def _typed(cls, values: dict, path: str) -> dict:
                 out[k] = float(x) if base is float else x
         else:
             expected = {bool: "true or false", str: "a string"}.get(base) or rule_text(base is int)
+            if joined.get(k):
+                expected = "a string or a non-empty list of strings"
             bad.append(f"{k} must be {expected}{' or null' if optional else ''}, got {shown(v)}")
     if bad:
         raise BetaPRMInputError(

@@ -45,7 +45,9 @@ def backend_names() -> tuple[str, ...]:
 
 
 # Settings of how generation runs (where, and how fast), not of what it produces: left out of
-# the settings a resumed output is checked against.
+# the settings a resumed output is checked against. The server list is one of them: the served
+# model (--policy) is recorded and compared, so a resume may reach other replicas of it (the
+# per-request seeds draw the same on any), and a password in a URL is never written down.
 RUNTIME_SETTINGS = frozenset(
     {
         "base_url",
@@ -74,7 +76,13 @@ ENDPOINTS = ("chat", "completions")
 class BackendOptions:
     backend: str = _f("transformers", BACKEND_HELP)
     policy: str = _f("", "transformers/vllm: the policy model directory or hub id; openai: the served model name")
-    base_url: str = _f("http://127.0.0.1:8000/v1", "openai: the server's base URL")
+    base_url: str = _f(
+        "http://127.0.0.1:8000/v1",
+        "openai: the server's base URL; several servers of one model (replicas): their URLs separated by commas, or "
+        "the flag repeated. Calls go to the least busy, a failed call to another, and a server that keeps failing "
+        "is set aside for a while; the servers are not part of the settings a resumed --out must match",
+        joined=",",
+    )
     endpoint: str = _f(
         "chat",
         "openai: chat (/chat/completions; prefill through continue_final_message) or completions (/completions with "
@@ -86,11 +94,15 @@ class BackendOptions:
         "openai: the NAME of an environment variable holding the API key, sent as 'Authorization: Bearer' "
         "(e.g. --api-key-env OPENAI_API_KEY); without it no key is sent",
     )
-    concurrency: int = _f(16, "openai: requests in flight at once")
+    concurrency: int = _f(16, "openai: requests in flight at once (on each --base-url server)")
     request_timeout: float = _f(
         120.0, "openai: seconds one call may take in all (connecting, sending and reading the whole answer)"
     )
-    max_retries: int = _f(4, "openai: retries after a failed or timed-out call (exponential backoff)")
+    max_retries: int = _f(
+        4,
+        "openai: retries after a failed or timed-out call (exponential backoff); with several --base-url servers, "
+        "rounds over all of them",
+    )
     gen_batch_size: int = _f(8, "transformers: sequences per generate call")
     gen_max_batch_tokens: int = _f(
         16384,

@@ -11,6 +11,14 @@ Each call is bounded as a whole: ``timeout`` covers connecting, sending and ever
 ``max_response_bytes`` is refused. Redirects are never followed: the request, and the
 API key with it, would go to an address nobody gave.
 
+Several servers of one model (replicas: ``base_url`` a list, or URLs separated by commas)
+share the calls: each goes to the replica with the fewest calls in flight, a call that fails
+on one (the failures above that are retried) goes to another at once, and replicas that keep
+failing are set aside for a while (``betaprm.generation.replicas``). A call fails only when
+it has failed on every replica, after ``max_retries`` rounds of retries. The request body, its seed included, is
+the same on every replica, so which one answers does not change what is drawn; only an
+answer received counts (its tokens once), never a failed try.
+
 Images go out only through the chat endpoint (``takes_images``), each read and decoded as
 an image within the caps of ``betaprm.image_files`` before any request of the batch is
 sent. URLs in messages pass through ``redact_url``: a password in the base URL is never
@@ -33,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import BetaPRMInputError, redact_url
 from ..image_files import ImageRefused, read_image
 from .base import Completion, GenerationError, GenerationRequest
+from .replicas import COOL_DOWN, FAIL_LIMIT, Replicas, split_urls
 from .text import Sampling, TextFormat, final_answer
 
 MAX_RESPONSE_BYTES = 16 * 2**20
@@ -114,13 +123,17 @@ class OpenAIGenerator:
     "completions"`` posts a plain prompt to ``/completions`` (rendered with
     ``tokenizer``'s chat template when given): any server, prefill included.
 
+    ``base_url``: one server, or several replicas of one model (a list, or URLs separated
+    by commas); ``concurrency`` calls in flight per replica, ``fail_limit`` failed calls in
+    a row set a replica aside for ``cool_down`` seconds (``generation.replicas``).
+
     ``api_key`` is sent as ``Authorization: Bearer`` when given, never otherwise.
     ``url_flag`` and ``model_flag`` name the options the base URL and the served model
     name came from, for error messages."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         fmt: TextFormat | None = None,
         sampling: Sampling | None = None,
@@ -134,24 +147,32 @@ class OpenAIGenerator:
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         url_flag: str = "--base-url",
         model_flag: str = "--policy",
+        fail_limit: int = FAIL_LIMIT,
+        cool_down: float = COOL_DOWN,
     ):
         if endpoint not in ("chat", "completions"):
             raise ValueError(f"endpoint must be chat or completions, got {endpoint!r}")
-        u = urllib.parse.urlsplit(base_url)
-        shown = redact_url(base_url)
-        try:
-            _ = u.port  # raises on a port that is not a number in 0..65535
-        except ValueError:
-            raise BetaPRMInputError(
-                f"{url_flag} {shown!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
-            ) from None
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise BetaPRMInputError(
-                f"{url_flag} {shown!r} is not an http:// or https:// URL; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
-            )
+        urls = split_urls(base_url, url_flag)
+        for url in urls:
+            u = urllib.parse.urlsplit(url)
+            shown = redact_url(url)
+            try:
+                _ = u.port  # raises on a port that is not a number in 0..65535
+            except ValueError:
+                raise BetaPRMInputError(
+                    f"{url_flag} {shown!r} has a bad port; give the server's base URL, e.g. http://127.0.0.1:8000/v1"
+                ) from None
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise BetaPRMInputError(
+                    f"{url_flag} {shown!r} is not an http:// or https:// URL; give the server's base URL, e.g. "
+                    "http://127.0.0.1:8000/v1" + (" (several servers: URLs separated by commas)" * (len(urls) > 1))
+                )
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise BetaPRMInputError(f"the request timeout must be a number of seconds > 0, got {timeout!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self.base_url = self.base_urls[0]
+        self.replicas = Replicas(self.base_urls, fail_limit, cool_down)
+        self._answered = threading.local()  # the replica that answered this thread's last call
         self.model = model
         self.fmt = fmt or TextFormat()
         self.sampling = sampling or Sampling()
@@ -210,32 +231,68 @@ class OpenAIGenerator:
         return "/completions", body
 
     def post_json(self, path: str, body: dict) -> dict:
-        url = self.base_url + path
-        shown = redact_url(url)  # what messages say: the request still goes to url
+        """POST ``body`` to ``path`` on a replica; the answer's JSON. A failure worth another
+        try (no connection, a timeout, 429, 5xx) moves the call to another replica at once;
+        once every replica has failed it in a round, the next round starts after the backoff
+        (``max_retries`` rounds after the first). Before giving up, a replica the call has
+        not reached (it was set aside) gets one try. Anything else fails at once."""
         data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+        failures: dict[int, str] = {}  # this call's last failure on each replica
+        for rnd in range(self.max_retries + 1):
+            if rnd:
+                time.sleep(self.backoff * 2 ** (rnd - 1))
+            tried: set[int] = set()
+            while (i := self.replicas.acquire(tried)) is not None:
+                tried.add(i)
+                ans, failures[i] = self._try(i, path, data, headers)
+                if ans is not None:
+                    return ans
+        for i in range(len(self.replicas)):
+            if i not in failures:  # set aside all along while another replica failed it
+                ans, failures[i] = self._try(self.replicas.acquire(only=i), path, data, headers)
+                if ans is not None:
+                    return ans
+        rounds = self.max_retries + 1
+        shown = [redact_url(u) for u in self.base_urls]
+        if len(self.replicas) == 1:
+            raise GenerationError(
+                f"{shown[0]}{path}: {failures[0]} after {rounds} attempts. Is the server running and serving "
+                f"{self.model!r}? (e.g. `vllm serve MODEL --port 8000`, then {self.url_flag} http://HOST:8000/v1)"
+            )
+        lasts = "; ".join(f"{shown[i]}: {failures[i]}" for i in range(len(shown)))
+        raise GenerationError(
+            f"all {len(self.replicas)} {self.url_flag} servers failed a request ({rounds} rounds of tries; last "
+            f"failure of each: {lasts}). Are the servers running and serving {self.model!r}? (e.g. `vllm serve "
+            f"MODEL --port 8000` on each, then {self.url_flag} http://HOST1:8000/v1,http://HOST2:8000/v1)"
+        )
+
+    def _try(self, i: int, path: str, data: bytes, headers: dict) -> tuple[dict | None, str]:
+        """One call to replica ``i`` (acquired): ``(the answer's JSON, "")``, or ``(None,
+        why)`` after a failure worth another try (recorded against the replica); other
+        failures raise."""
+        url = self.base_urls[i] + path
+        shown = redact_url(url)  # what messages say: the request still goes to url
+        failure = None
+        try:
             try:
                 status, location, raw = http_post(url, data, headers, self.timeout, self.max_response_bytes)
             except TimeoutError:
-                last = f"no answer within {self.timeout:g} s"
-                continue
+                failure = f"no answer within {self.timeout:g} s"
+                return None, failure
             except _TooLarge:
                 raise GenerationError(
                     f"{shown} sent an answer larger than {self.max_response_bytes} bytes; a completion is far "
                     "smaller, so this is not the server you meant"
                 ) from None
             except (ConnectionRefusedError, socket.gaierror) as e:
-                last = f"cannot connect ({e})"
-                continue
+                failure = f"cannot connect ({e})"
+                return None, failure
             except (OSError, http.client.HTTPException) as e:
-                last = f"connection failed ({e!r})"
-                continue
+                failure = f"connection failed ({e!r})"
+                return None, failure
             if 300 <= status < 400:
                 raise BetaPRMInputError(
                     f"{shown} answered HTTP {status}, a redirect to {redact_url(location or '')!r}; redirects are "
@@ -244,21 +301,21 @@ class OpenAIGenerator:
                 )
             detail = raw[:300].decode(errors="replace")
             if status == 429 or status >= 500:
-                last = f"HTTP {status}: {detail}"
-                continue
+                failure = f"HTTP {status}: {detail}"
+                return None, failure
             if status >= 400:
                 raise GenerationError(
                     f"{shown} refused the request with HTTP {status}: {detail} (check {self.model_flag} "
                     f"{self.model!r}, the served model name, and the sampling settings)"
                 )
             try:
-                return json.loads(raw)
+                ans = json.loads(raw)
             except ValueError:
                 raise GenerationError(f"{shown} answered with something that is not JSON: {raw[:200]!r}") from None
-        raise GenerationError(
-            f"{shown}: {last} after {self.max_retries + 1} attempts. Is the server running and serving "
-            f"{self.model!r}? (e.g. `vllm serve MODEL --port 8000`, then --base-url http://HOST:8000/v1)"
-        )
+            self._answered.url = url
+            return ans, ""
+        finally:
+            self.replicas.release(i, failure)
 
     def _one(self, req: GenerationRequest, copy: int, image_urls: dict | None = None) -> Completion:
         path, body = self._body(req, copy, image_urls)
@@ -269,7 +326,7 @@ class OpenAIGenerator:
             n_tokens = int(ans["usage"]["completion_tokens"])
         except (KeyError, IndexError, TypeError, ValueError):
             raise GenerationError(
-                f"{redact_url(self.base_url + path)} answered without "
+                f"{redact_url(getattr(self._answered, 'url', self.base_url + path))} answered without "
                 f"choices[0].{'message.content' if self.endpoint == 'chat' else 'text'} "
                 f"or usage.completion_tokens: {json.dumps(ans)[:300]}"
             ) from None
@@ -303,7 +360,7 @@ class OpenAIGenerator:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         jobs = [(i, j) for i, r in enumerate(requests) for j in range(r.n)]
         image_urls = self._image_urls(requests)
-        pool = ThreadPoolExecutor(self.concurrency)
+        pool = ThreadPoolExecutor(self.concurrency * len(self.replicas))
         try:
             futures = [pool.submit(self._one, requests[i], j, image_urls) for i, j in jobs]
             results = [f.result() for f in futures]
