@@ -465,3 +465,39 @@ def test_judge_with_question_needs_a_judge_and_questions(tmp_path, capsys):
     assert "Question:" not in LLMJudge("http://127.0.0.1:9/v1", "judge").prompt("4", "4", "what is 2 + 2?")
     with pytest.raises(ValueError, match="one question per pair"):
         judge.check_many([("4", "4")])
+
+
+def test_their_training_file_trains_with_no_hand_editing(tmp_path, capsys):
+    """Text-only lines of their training format: convert, then `betaprm train` on the output
+    as it is (a tiny causal LM), the counts reaching the loss."""
+    from tests.helpers import make_lm_dir
+
+    lines = []
+    for i in range(8):
+        steps = [f"{i} + 1 = {i + 1}", f"{i + 1} + 1 = {i + 2}", f"{i + 2}"]
+        lines.append(
+            {
+                "id": f"t{i}",
+                "conversations": [
+                    {
+                        "from": "human",
+                        "value": f"Question: add 2 to {i}\nProcess: " + "".join(s + "<prm>" for s in steps),
+                    },
+                    {"from": "gpt", "value": [0.75, 0.5, 0.5]},
+                ],
+                **({"prm_counts": {"k": [12, 8, 8], "n": [16, 16, 16]}} if i % 2 else {}),
+            }
+        )
+    src = tmp_path / "theirs.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "counts.jsonl"
+    assert main(["convert", "--from", "authors-train", "--input", str(src), "--output", str(out)]) == 0
+    recs = _lines(out)
+    assert [r["mc_correct"] for r in recs[:2]] == [[12, 8, 8], [12, 8, 8]]  # the N = 16 rule agrees here
+    lm = make_lm_dir(tmp_path / "lm")
+    argv = ["train", "--model", str(lm), "--data", str(out), "--output-dir", str(tmp_path / "prm"), "--max-steps", "2"]
+    argv += ["--global-batch-size", "4", "--per-device-train-batch-size", "4", "--save-steps", "2", "--use-cpu"]
+    argv += ["--logging-steps", "1"]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "prm" / "train_summary.json").read_text())
+    assert summary["records"]["loaded"] == 8 and any("loss" in h for h in summary["log_history"])
