@@ -17,6 +17,8 @@ Every resumable output ``OUT`` (JSONL, appended) is written through ``open_outpu
 - existing records without a sidecar are refused unless ``--adopt-output`` says to take
   them as this run's (``OutputOptions``): a moved-away sidecar must not let records of
   another model be resumed under this one's settings.
+- the part files ``OUT.part0``, ``OUT.part1``, ... of processes sharing a run
+  (``betaprm.distributed``) hold records of ``OUT`` too: the checks above count them.
 
 ``check_paths`` refuses an output (or rejects, or plot) path that is one of the command's
 inputs or another of its outputs, and one that cannot be written, before any work starts.
@@ -245,8 +247,33 @@ def _unlock(path: Path, fh) -> None:
     fh.close()
 
 
+PART_SUFFIX = ".part"
+
+
+def part_path(path, rank: int) -> Path:
+    """The part file of process ``rank`` of ``path`` (``OUT.part0``, ``OUT.part1``, ...): where
+    that process appends its records while several share a run (``betaprm.distributed``)."""
+    return Path(f"{path}{PART_SUFFIX}{rank}")
+
+
+def part_files(path) -> list[Path]:
+    """The part files of ``path`` on disk, by rank (any number of them: a run resumed under
+    fewer processes than the one that left them)."""
+    path = Path(path)
+    prefix = path.name + PART_SUFFIX
+    if not path.parent.is_dir():
+        return []
+    found = [
+        (int(p.name[len(prefix) :]), p)
+        for p in path.parent.iterdir()
+        if p.name.startswith(prefix) and p.name[len(prefix) :].isdigit() and p.is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
 def _has_records(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size > 0
+    """Whether ``path``, or one of its part files, holds anything."""
+    return any(p.is_file() and p.stat().st_size > 0 for p in [path, *part_files(path)])
 
 
 def _check_settings(path: Path, settings: dict, info: dict, flag: str, adopt: bool = False) -> bool:

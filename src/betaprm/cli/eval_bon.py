@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from ..answers import AnswerChecker, LLMJudge, final_answer
 from ..data.records import read_records
+from ..distributed import discard_parts, process_device, processes
 from ..errors import BetaPRMInputError
 from ..evaluation import plots
 from ..evaluation.bon import (
@@ -33,7 +34,7 @@ from ..provenance import (
     write_result,
 )
 from .flags import add_config_args, config_from_args
-from .scoring_options import ScoringOptions
+from .scoring_options import ScoringOptions, scores_path
 
 HELP = "Best-of-N accuracy of every selector on candidate-pool files (one per benchmark)"
 DESCRIPTION = """Best-of-N evaluation, the protocol of the paper's table 1.
@@ -148,6 +149,7 @@ def result_settings(cfg) -> dict:
 
 def run(args):
     cfg = config_from_args(EvalBonConfig, args)
+    procs = processes()  # under torchrun: each process scores its share of the unscored pools
     paths = pool_paths(cfg)
     check_paths(
         [*(("--pools", p) for p in paths), ("--model", cfg.model), config_file_of(cfg)],
@@ -171,11 +173,12 @@ def run(args):
     )
     prm, kind = None, None
     results, curves = {}, {}
+    read = []  # (path, loaded): every pool file read and checked before any scoring
     for path in paths:
-        name = Path(path).stem
-        loaded = read_records(path, kind="pool", flag="--pools", on_error=cfg.on_error, rejects=rejects_path(path))
+        rejects = rejects_path(path) if procs.main else None  # one process writes them
+        loaded = read_records(path, kind="pool", flag="--pools", on_error=cfg.on_error, rejects=rejects)
         records = loaded.records
-        if loaded.n_rejected:
+        if loaded.n_rejected and procs.main:
             print(f"{path}: {loaded.n_rejected} bad pool records left out (see {rejects_path(path)})")
         if not records:
             raise BetaPRMInputError(
@@ -201,11 +204,19 @@ def run(args):
             )
         if not val and not cfg.skip_tuned:  # the pools are (or will be) scored: the tuned selectors would be missing
             raise _no_validation_problems(cfg, path, len(records))
-        if unscored:
+        read.append((path, loaded))
+    for path, loaded in read:
+        if not all("mu" in c for r in loaded.records for c in r["candidates"]):
             if prm is None:
                 prm, kind = _load(cfg)
-                print(f"{cfg.model} ({kind}) scores the pools that have no scores")
-            _score_in_place(prm, records, cfg, path)
+                if procs.main:
+                    print(f"{cfg.model} ({kind}) scores the pools that have no scores")
+            # Under torchrun each process scores its share of each pool; rank 0 reports.
+            _score_in_place(prm, loaded.records, cfg, path)
+    if not procs.main:
+        return 0
+    for path, loaded in read:
+        name, records = Path(path).stem, loaded.records
         before = checker.failed
         pools = check_pools(records, final_answer, checker.check_many, with_questions=cfg.judge_with_question)
         try:
@@ -262,6 +273,7 @@ def run(args):
     }
     if cfg.out:
         write_result(cfg.out, out, result_settings(cfg), {"model": cfg.model})
+        discard_parts(scores_path(cfg.out))  # the scores kept for a resume: the results are written
     if cfg.plots:
         Path(cfg.plots).mkdir(parents=True, exist_ok=True)
         for p in paths:
@@ -308,16 +320,15 @@ def plot_path(cfg, pool: str) -> Path:
 
 
 def _load(cfg):
-    import torch
-
     from ..model import load_prm
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    return load_prm(cfg.model, device, dtype=cfg.dtype)
+    return load_prm(cfg.model, process_device(cfg.device), dtype=cfg.dtype)
 
 
 def _score_in_place(prm, records, cfg, path):
-
+    """Add the scores to the candidates of ``records``. Under torchrun the processes share
+    them, and only rank 0's records get them (the others have nothing more to do). With
+    --out, the scores are kept for a resume until the results are written."""
     from ..scoring import pool_images, with_scores
 
     if prm.is_vision:
@@ -325,7 +336,11 @@ def _score_in_place(prm, records, cfg, path):
     else:
         traces = [(r["question"], c["steps"]) for r in records for c in r["candidates"]]
     names = [f"{path}: record {r['id']!r} candidate {j}" for r in records for j in range(len(r["candidates"]))]
-    flat = cfg.score_with_progress(prm, traces, names, desc=f"scoring {Path(path).name}")
+    keys = [f"{Path(path).stem}/{r['id']}/{j}" for r in records for j in range(len(r["candidates"]))]
+    resume = (cfg.out, result_settings(cfg)) if cfg.out else None
+    flat = cfg.score_with_progress(prm, traces, names, desc=f"scoring {Path(path).name}", resume=resume, keys=keys)
+    if flat is None:
+        return
     it = iter(flat)
     for r in records:
         r["candidates"] = [with_scores(c, next(it)) for c in r["candidates"]]

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.records import check_kind, read_records
+from ..distributed import process_device
 from ..errors import BetaPRMInputError
 from ..evaluation import plots
 from ..evaluation.calibration import evaluate_counts, flat_counts, table
 from ..options import opt as _f
 from .flags import add_config_args, config_from_args
-from .scoring_options import ScoringOptions, check_eval_outputs, write_evaluation
+from .scoring_options import ScoringOptions, check_eval_outputs, evaluation_settings, write_evaluation
 
 HELP = "does the PRM's belief predict held-out Monte Carlo counts? (NLL, ECE, Brier, interval coverage, plots)"
 DESCRIPTION = """Calibration on held-out count records (K of N per step, the training format).
@@ -54,13 +55,11 @@ def add_arguments(parser):
 
 
 def run(args):
-    import torch
-
     from ..model import load_prm
 
     cfg = config_from_args(EvalCalibrationConfig, args)
     check_eval_outputs(cfg, ("reliability.png", "sigma_error.png"))
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    device = process_device(cfg.device)  # under torchrun: this process's GPU
     check_kind(cfg.data, "counts", "--data")  # a file of another kind: one line, before the model loads
     prm, kind = load_prm(cfg.model, device, cfg.trust_remote_code, dtype=cfg.dtype)
     loaded = read_records(cfg.data, kind="counts", marker=prm.config.marker, flag="--data")
@@ -70,7 +69,13 @@ def run(args):
     if any(r.images for r in records) and not prm.is_vision:
         raise BetaPRMInputError(f"--data {cfg.data}: records have images but {cfg.model} is a text-only model")
     traces = [(r.question, r.steps, r.images) if prm.is_vision else (r.question, r.steps) for r in records]
-    scores = cfg.score_with_progress(prm, traces, [f"{cfg.data}: record {r.id!r}" for r in records])
+    names = [f"{cfg.data}: record {r.id!r}" for r in records]
+    # Under torchrun each process scores its share; rank 0 gets every score and reports.
+    scores = cfg.score_with_progress(
+        prm, traces, names, resume=(cfg.out, evaluation_settings(cfg)) if cfg.out else None
+    )
+    if scores is None:
+        return 0
     mu, kappa, k, n = flat_counts(records, scores)
     res = evaluate_counts(mu, kappa, k, n, beta=kind == "beta", bins=cfg.bins)
     res.update(model=cfg.model, model_kind=kind, data=cfg.data, n_records=len(records))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..data.kinds import wrong_kind
 from ..data.sources import iter_splits
+from ..distributed import process_device
 from ..errors import BetaPRMInputError
 from ..evaluation import plots, prmbench, processbench
 from ..evaluation.prmbench import CATEGORIES, CORRECT, describe_irregular, evaluate_prmbench, read_prmbench
@@ -164,8 +165,6 @@ def detect_format(spec) -> str:
 
 
 def run(args):
-    import torch
-
     from ..model import load_prm
 
     cfg = config_from_args(EvalStepsConfig, args)
@@ -182,7 +181,7 @@ def run(args):
         raise BetaPRMInputError(
             "--threshold val is not defined for prmbench (its evaluator uses a fixed 0.5); give a number"
         )
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    device = process_device(cfg.device)  # under torchrun: this process's GPU
     items = _read(fmt, cfg.data)
     sample = None
     if cfg.limit is not None:
@@ -205,7 +204,12 @@ def run(args):
         for it in items
     ]
     names = [f"{cfg.data}: item {it.id!r}" for it in items]
-    scores = cfg.score_with_progress(prm, traces, names)
+    # Under torchrun each process scores its share; rank 0 gets every score and reports.
+    scores = cfg.score_with_progress(
+        prm, traces, names, resume=(cfg.out, evaluation_settings(cfg)) if cfg.out else None
+    )
+    if scores is None:
+        return 0
     step_scores = [s.mu - cfg.lam * s.sigma if mode == "mu-sigma" else s.mu for s in scores]
     score_name = mode if mode == "mu" else f"mu - {cfg.lam}*sigma"
     print(f"{cfg.model} ({kind}; step score {score_name}; {fmt})")

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from ..data.records import check_kind
+from ..distributed import process_device, processes, shared_output
 from ..errors import BetaPRMInputError
 from ..hub import resolve_model
 from ..options import opt
@@ -11,7 +12,6 @@ from ..provenance import (
     check_paths,
     config_file_of,
     model_fingerprint,
-    open_output,
     rejects_path,
     settings_of,
 )
@@ -86,13 +86,12 @@ def add_arguments(parser):
 
 
 def run(args):
-    import torch
-
     from ..model import load_prm, model_kind
     from ..scoring import score_pool_file
 
     cfg = config_from_args(ScoreConfig, args)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    procs = processes()  # under torchrun: this process's share of the pools
+    device = process_device(cfg.device)
     rejects = cfg.rejects or rejects_path(cfg.output)
     # Before the model loads: an output that is the input (or the rejects file) would be
     # cut, appended to or replaced by this run.
@@ -107,9 +106,10 @@ def run(args):
     info = {"model": cfg.model, "model_kind": kind, "input": cfg.input}
     if source.is_hub:
         info["model_revision"] = source.revision
-    print(f"{cfg.model} ({kind})")
+    if procs.main:
+        print(f"{cfg.model} ({kind})" + (f", {procs.world} processes" if procs.world > 1 else ""))
     # Checked (and locked) before the model loads: a wrong resume stops at once.
-    with open_output(cfg.output, settings, info, flag="--output", adopt=cfg.adopt_output):
+    with shared_output(procs, cfg.output, settings, info, flag="--output", adopt=cfg.adopt_output):
         prm, _ = load_prm(source, device, cfg.trust_remote_code, dtype=cfg.dtype)
         s = score_pool_file(
             prm,
@@ -120,7 +120,10 @@ def run(args):
             truncate=cfg.truncate,
             on_error=cfg.on_error,
             rejects=rejects,
+            procs=procs,
         )
+    if not procs.main:
+        return 0
     msg = (
         f"{cfg.input}: {s['records']} pools, {s['already_done']} already in {cfg.output}, {s['scored']} scored "
         f"({s['candidates']} candidates)"

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..distributed import discard_parts, processes, shared_output
 from ..formatting import TRUNCATE_MODES
 from ..options import DEFAULT_MAX_BATCH_TOKENS, opt
 from ..progress import ProgressOptions, progress_bar
-from ..provenance import check_paths, config_file_of, fingerprint, model_fingerprint, settings_of, write_result
+from ..provenance import (
+    check_paths,
+    config_file_of,
+    fingerprint,
+    model_fingerprint,
+    part_files,
+    settings_of,
+    write_result,
+)
 
 
 @dataclass
@@ -62,20 +71,51 @@ class ScoringOptions(BatchOptions, LoadOptions, ProgressOptions):
     def scoring_problems(self) -> list[str]:
         return self.batch_problems()  # --truncate's choices: checked by config_from_args
 
-    def score_with_progress(self, prm, traces, names, desc: str = "scoring"):
-        """``score_traces`` with these options and a progress bar."""
-        from ..scoring import score_traces
+    def score_with_progress(
+        self, prm, traces, names, desc: str = "scoring", resume: tuple[str, dict] | None = None, keys=None
+    ):
+        """``score_traces`` with these options and a progress bar: every trace's scores, in order.
 
-        with progress_bar(len(traces), desc, "trace", disable=self.disable_tqdm) as bar:
-            return score_traces(
-                prm,
-                traces,
-                batch_size=self.batch_size,
-                progress=bar.update,
-                max_batch_tokens=self.max_batch_tokens,
-                truncate=self.truncate,
-                names=names,
-            )
+        Under torchrun the processes share the traces (``scoring.score_shared``, the single
+        process's forward passes dealt out by tokens): rank 0 gets every score, the others
+        None (their share is done; rank 0 reports). ``resume``: ``(OUT, settings)`` of the
+        command's --out: while several processes score, each keeps its scores in
+        ``OUT.scores.partR`` (their settings checked in ``OUT.scores.meta.json``, as a
+        resumable output's), so a run killed mid-way resumes under any number of processes,
+        scoring each trace once (``keys``: the traces' ids there, by default their indices);
+        ``write_evaluation`` removes them with the results written.
+        A lone process with nothing to resume scores in memory, as it always has."""
+        from ..scoring import score_shared, score_traces
+
+        procs = processes()
+        state = scores_path(resume[0]) if resume else None
+        if procs.world == 1 and (state is None or not part_files(state)):
+            with progress_bar(len(traces), desc, "trace", disable=self.disable_tqdm) as bar:
+                return score_traces(
+                    prm,
+                    traces,
+                    batch_size=self.batch_size,
+                    progress=bar.update,
+                    max_batch_tokens=self.max_batch_tokens,
+                    truncate=self.truncate,
+                    names=names,
+                )
+        kw = dict(
+            batch_size=self.batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            truncate=self.truncate,
+            progress=None if self.disable_tqdm else desc,
+        )
+        if state is None:
+            return score_shared(prm, traces, procs, names, **kw)
+        with shared_output(procs, state, resume[1], {"scores of": resume[0]}, flag="--out"):
+            return score_shared(prm, traces, procs, names, state, keys, **kw)
+
+
+def scores_path(out) -> str:
+    """Where the processes of an evaluation writing ``out`` keep their scores until it is
+    written: ``OUT.scores`` (its part files and sidecar; the file itself is never written)."""
+    return f"{out}.scores"
 
 
 # Options that do not change an evaluation's results (paths, batching, device): left out of
@@ -106,6 +146,7 @@ def evaluation_settings(cfg) -> dict:
 def write_evaluation(cfg, res: dict) -> None:
     """``res`` to ``cfg.out`` (JSON) with the settings that made it (``evaluation_settings``)."""
     write_result(cfg.out, res, evaluation_settings(cfg), {"model": cfg.model, "data": cfg.data})
+    discard_parts(scores_path(cfg.out))  # the scores kept for a resume: the results are written
 
 
 def check_eval_outputs(cfg, plot_files=(), outputs=()) -> None:
