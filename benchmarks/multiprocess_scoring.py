@@ -133,6 +133,7 @@ def main() -> None:
                 else []
             )
             out = tmp / f"{name.replace(' ', '_').replace(',', '')}.jsonl"
+            load = os.getloadavg()[0]  # other work on the machine shows here
             wall = run([*launch, *extra, *score, "--input", str(pools), "--output", str(out)], env)
             if extra:
                 extra = ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
@@ -143,6 +144,7 @@ def main() -> None:
                 "wall_s": round(wall, 2),
                 "fixed_s": round(fixed, 2),
                 "candidates_per_s": round(n_cands / max(wall - fixed, 1e-9), 1),
+                "load_average_at_start": round(load, 2),
                 "output": out,
             }
             print(
