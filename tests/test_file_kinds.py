@@ -74,7 +74,11 @@ def test_validate_on_trl_data_is_one_line_naming_convert():
         (["validate", "{f}", "--kind", "pool"], "counts", "betaprm train --data"),
         (["validate", "{f}"], "processbench", "betaprm eval-steps --data"),
         (["validate", "{f}"], "authors-train", "convert --from authors-train"),
-        (["train", "--model", "{m}", "--data", "{f}", "--output-dir", "{o}", "--on-error", "skip"], "trl", "--from trl"),
+        (
+            ["train", "--model", "{m}", "--data", "{f}", "--output-dir", "{o}", "--on-error", "skip"],
+            "trl",
+            "--from trl",
+        ),
         (["score", "--model", "{m}", "--input", "{f}", "--output", "{o}.jsonl"], "counts", "betaprm train --data"),
         (["eval-bon", "--model", "{m}", "--pools", "{f}", "--out", "{o}.json"], "math-shepherd", "math-shepherd"),
         (["eval-calibration", "--model", "{m}", "--data", "{f}", "--out", "{o}.json"], "pool", "score --input"),
