@@ -58,6 +58,7 @@ def _finite_numbers(x):
     return True
 
 
+@pytest.mark.slow  # a minute and more of CPU; the fast tier runs a demo in tests/test_frontier.py
 @pytest.mark.timeout(30 * 60)  # only a hang: --quick takes about a minute idle, several on a busy machine
 def test_demo_quick_end_to_end(tmp_path):
     """Fails before this change on a busy machine: it asserted the run took under 180 s, and

@@ -19,6 +19,7 @@ from betaprm.synth.recipe import DemoConfig
 from betaprm.synth.training import PRM_JOBS, build_backbone, train_prms
 
 
+@pytest.mark.slow  # two small trainings twice over: 20 s idle; the workers' other checks stay fast
 def test_parallel_prms_equal_sequential_training(tmp_path):
     world = World()
     eff = DemoConfig(
