@@ -90,3 +90,20 @@ def leaky_attention_copy(model_dir, dst):
     conf["attn_implementation"] = "causal_over_row"
     (Path(dst) / "config.json").write_text(json.dumps(conf))
     return dst
+
+
+def wait_healthy(proc, request, log, timeout=90):
+    """Wait until a `betaprm serve` process answers /health (``request(method, path)`` ->
+    (status, ...)); its ``log()`` text in the error when it exits first."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log()[-2000:]}")
+        try:
+            if request("GET", "/health")[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("server did not come up")

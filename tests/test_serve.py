@@ -18,7 +18,7 @@ from betaprm.reward import StepRewards
 from betaprm.scoring import score_pool_file, score_traces
 
 from .chat_templates import chat_tokenizer
-from .helpers import make_lm_dir
+from .helpers import make_lm_dir, wait_healthy
 
 
 def free_port() -> int:
@@ -62,16 +62,7 @@ class Server:
             text=True,
             env={**os.environ, **(env or {})},
         )
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stderr.read()[-2000:]}")
-            try:
-                if self.request("GET", "/health", headers=poll_headers)[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("server did not come up")
+        wait_healthy(self.proc, lambda m, p: self.request(m, p, headers=poll_headers), self.proc.stderr.read)
 
     def request(self, method, path, body=None, headers=None, raw: bytes | None = None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)

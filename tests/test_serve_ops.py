@@ -17,6 +17,7 @@ import pytest
 
 from betaprm import BetaPRM
 
+from .helpers import wait_healthy
 from .test_serve import free_port, prm_dir, stop_process  # noqa: F401  (prm_dir: the tiny BetaPRM, a module fixture)
 
 KEY = {"Authorization": "Bearer k-ops"}
@@ -51,16 +52,7 @@ class OpsServer:
                 stderr=err,
                 env={**os.environ, "BETAPRM_OPS_KEY": "k-ops"},
             )
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.stderr_path.read_text()[-2000:]}")
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("server did not come up")
+        wait_healthy(self.proc, self.request, self.stderr_path.read_text)
 
     def request(self, method, path, body=None, key=True):
         return http_request(self.port, method, path, body, KEY if key else None)

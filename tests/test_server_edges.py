@@ -16,6 +16,7 @@ import pytest
 from betaprm.chat import ChatTemplateReader
 
 from .chat_templates import chat_tokenizer
+from .helpers import wait_healthy
 from .test_serve import free_port, prm_dir, stop_process  # noqa: F401  (prm_dir: the tiny BetaPRM, a module fixture)
 
 HEADER_TIMEOUT, BODY_TIMEOUT, MAX_CONNECTIONS, MAX_BUFFERED = 2, 3, 8, 8 * 2**20
@@ -38,16 +39,7 @@ class LoggedServer:
             stdout=subprocess.DEVNULL,
             stderr=self._log,
         )
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log()[-2000:]}")
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError("server did not come up")
+        wait_healthy(self.proc, self.request, self.log)
 
     def log(self) -> str:
         with open(self.log_path) as f:
