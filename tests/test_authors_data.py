@@ -13,9 +13,7 @@ the package."""
 
 import json
 import os
-import threading
 from copy import deepcopy
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from PIL import Image
 
 from betaprm.answers import LLMJudge, bare_answer, final_answer
 from betaprm.cli import main
+from tests.test_eval_bon import _Judge
 
 DATA = Path(__file__).parent / "data"
 TRAIN = DATA / "authors_train.jsonl"
@@ -391,39 +390,6 @@ def test_final_answer_reads_a_bare_last_step_and_keeps_stated_answers():
 
 
 # --------------------------------------------------------------------------- the judge with the question
-class _Judge:
-    """A real local OpenAI-compatible server that answers yes when the candidate answer
-    equals the reference, and records every prompt."""
-
-    def __init__(self):
-        self.prompts = []
-        judge = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                text = body["messages"][0]["content"]
-                judge.prompts.append(text)
-                gold = text.split("Reference answer: ")[1].split("\n")[0]
-                pred = text.split("Candidate answer: ")[1].split("\n")[0]
-                data = json.dumps({"choices": [{"message": {"content": "yes" if gold == pred else "no"}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def _answered_pool(path: Path) -> Path:
     rec = {
         "id": "q1",

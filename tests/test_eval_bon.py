@@ -60,8 +60,12 @@ def test_failed_checks_are_not_wrong(tmp_path):
 
 
 class _Judge:
+    """A real local OpenAI-compatible judge: yes when the candidate answer equals the
+    reference (``broken``: an answer that is neither), every prompt recorded."""
+
     def __init__(self, broken=False):
         self.calls = 0
+        self.prompts = []
         judge = self
 
         class H(BaseHTTPRequestHandler):
@@ -72,6 +76,7 @@ class _Judge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 judge.calls += 1
                 text = body["messages"][0]["content"]
+                judge.prompts.append(text)
                 gold = text.split("Reference answer: ")[1].split("\n")[0]
                 pred = text.split("Candidate answer: ")[1].split("\n")[0]
                 reply = "maybe" if broken else ("Yes." if gold.strip() == pred.strip() else "no")
