@@ -176,7 +176,7 @@ CLAIMS = {
 
 # Where and how a run ran, not what it computed: left out of the comparison (the world is
 # compared by its contents, not its file's path).
-NOT_SETTINGS = ("out", "threads", "device", "backbone", "world_config")
+NOT_SETTINGS = ("out", "threads", "device", "backbone", "world_config", "reuse_prms")
 
 
 def _demo_settings(results: dict) -> dict:

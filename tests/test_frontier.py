@@ -194,3 +194,18 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
     # The best constant kappa on the held-out steps is at least as good as the training fit.
     nll = steps["all"]["nll_minus"]
     assert nll["best constant kappa (held-out)"]["diff"] >= nll["constant kappa (training fit)"]["diff"] - 1e-9
+
+    # --reuse-prms: the same run again from the PRMs it left there, no training; the numbers are
+    # the same, and it is read back by the claims script as the same settings.
+    again = run_cli("demo", *TINY, "--seed", "0", "--out", str(out), "--reuse-prms", timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing" in again.stdout and "pretraining step" not in again.stdout
+    r2 = json.loads((out / "results.json").read_text())
+    assert r2["prms_trained_by"] == r["version"] and r2["config"]["reuse_prms"]
+    assert r2["bon"] == r["bon"] and r2["aca_frontier"] == r["aca_frontier"] and r2["calibration"] == r["calibration"]
+    claims.main([*args, "--demo-flags", " ".join(TINY), "--json", str(tmp_path / "c2.json")])
+    # Other training settings are refused by name, before any work.
+    bad = run_cli("demo", *TINY[:-1], "11", "--seed", "0", "--out", str(out), "--reuse-prms", timeout=600)
+    assert bad.returncode != 0 and "prm_steps: 10 there, 11 here" in bad.stderr
+    bad = run_cli("demo", *TINY, "--out", str(tmp_path / "empty"), "--reuse-prms", timeout=600)
+    assert bad.returncode != 0 and "no finished demo run" in bad.stderr

@@ -23,6 +23,7 @@ from betaprm.provenance import meta_path, part_files, part_path
 from .helpers import make_counts, make_lm_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(Path(__file__).parent / "multiprocess_worker.py")  # runs commands; KILL_AFTER kills it mid-run
 N_POOLS, N_CANDS, N_ITEMS = 90, 6, 60  # 540 candidates: three chunks of pools (256 candidates each at most)
 
 
@@ -161,9 +162,8 @@ def test_two_processes_write_what_one_process_writes(files, reference, capsys):
     assert _one_process(_eval_calibration(files, files / "one")) == 0
     calibration = capsys.readouterr().out
     two = files / "two"
-    worker = str(Path(__file__).parent / "multiprocess_worker.py")
     commands = [_score(files, two), _eval_steps(files, two), _eval_bon(files, two), _eval_calibration(files, two)]
-    res = _torchrun([worker, json.dumps(commands)])
+    res = _torchrun([WORKER, json.dumps(commands)])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "prm (beta), 2 processes" in res.stdout and res.stdout.count("90 pools, 0 already in") == 1
     # One output, in input order, byte for byte the single process's; one sidecar, no part
@@ -183,7 +183,7 @@ def test_a_killed_score_run_resumes_in_one_process(files, reference, capsys):
     """Rank 1 dies (SIGKILL) after writing its first chunk; torchrun stops rank 0. Each kept
     its records in its part file; one process finishes the rest and merges them."""
     out = files / "killed_score"
-    res = _torchrun(["-m", "betaprm", *_score(files, out)], {"BETAPRM_TEST_KILL_AFTER": "1:1"})
+    res = _torchrun([WORKER, json.dumps([_score(files, out)])], {"KILL_AFTER": "1:1"})
     assert res.returncode != 0 and "SIGKILL" in res.stderr + res.stdout
     parts = part_files(out / "scored.jsonl")
     assert [p.name for p in parts][-1] == "scored.jsonl.part1"  # rank 1 had a share of its own
@@ -201,7 +201,7 @@ def test_a_killed_eval_steps_run_resumes_in_one_process(files, reference, caplog
     """Both ranks die after two forward passes each; their scores are kept beside --out
     (PB.json.scores.part0/1) and one process scores the other items only."""
     out = files / "killed_steps"
-    res = _torchrun(["-m", "betaprm", *_eval_steps(files, out)], {"BETAPRM_TEST_KILL_AFTER": "2"})
+    res = _torchrun([WORKER, json.dumps([_eval_steps(files, out)])], {"KILL_AFTER": "2"})
     assert res.returncode != 0
     state = out / "pb.json.scores"
     kept = [json.loads(x)["id"] for p in part_files(state) for x in p.read_text().splitlines()]
@@ -225,7 +225,7 @@ def test_a_killed_eval_bon_run_resumes_in_one_process(files, reference, caplog):
     pass and whatever rank 1 wrote are kept; one process scores the rest, and its metrics are
     the reference's."""
     out = files / "killed_bon"
-    res = _torchrun(["-m", "betaprm", *_eval_bon(files, out)], {"BETAPRM_TEST_KILL_AFTER": "1:0"})
+    res = _torchrun([WORKER, json.dumps([_eval_bon(files, out)])], {"KILL_AFTER": "1:0"})
     assert res.returncode != 0
     kept = [json.loads(x)["id"] for p in part_files(out / "bon.json.scores") for x in p.read_text().splitlines()]
     assert 0 < len(kept) < N_POOLS * N_CANDS and len(set(kept)) == len(kept)
@@ -303,3 +303,57 @@ def test_part_files_of_other_settings_are_refused(files, reference, capsys):
     assert _one_process([*_score(files, out), "--dtype", "bfloat16"]) == 2
     assert "--dtype: '<not recorded>' before, 'bfloat16' now" in capsys.readouterr().err
     assert part.read_bytes() == b"".join(lines[:10]) and not (out / "scored.jsonl").exists()
+
+
+# ---------------------------------------------------------------------- aca and search
+N_PROBLEMS = 12
+
+
+def _aca(d, out):
+    return ["aca", "--model", str(d / "prm"), "--n-problems", str(N_PROBLEMS), "--budget", "6", "--n0", "2", "--m",
+            "2", "--final", "lin", "--device", "cpu", "--disable-tqdm", "--out", str(out / "aca.jsonl")]  # fmt: skip
+
+
+def _search(d, out):
+    return ["search", "--model", str(d / "prm"), "--n-problems", "8", "--n", "4", "--width", "2", "--device", "cpu",
+            "--disable-tqdm", "--out", str(out / "search.jsonl")]  # fmt: skip
+
+
+def _records(path):
+    """A loop's records by problem id: a single process appends each problem as it finishes,
+    rank 0 merges the parts in problem order."""
+    return sorted((json.loads(x) for x in path.read_text().splitlines()), key=lambda r: r["id"])
+
+
+def test_aca_and_search_shared_by_two_processes_and_resumed(files):
+    """ACA and search deal their problems out to two processes, each appending its finished
+    problems to its part file; rank 0 writes one output in problem order with one sidecar,
+    the single process's records (scores within float32 rounding: the candidates share
+    forward passes with other problems' than in one process). A run killed after rank 1's
+    first problem resumes in one process, which solves only the problems not kept."""
+    one, two = files / "loops_one", files / "loops_two"
+    for argv in (_aca(files, one), _search(files, one)):
+        assert _one_process(argv) == 0
+    res = _torchrun([WORKER, json.dumps([_aca(files, two), _search(files, two)])])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count(f"aca: {N_PROBLEMS} problems") == 1 and "2 processes" in res.stdout  # rank 0 reports
+    for name in ("aca.jsonl", "search.jsonl"):
+        _assert_close(_records(two / name), _records(one / name), name)
+        merged = [json.loads(x)["id"] for x in (two / name).read_text().splitlines()]
+        assert merged == sorted(merged, key=lambda i: int(i.removeprefix("test"))), name  # problem order
+        assert _settings(two / name) == _settings(one / name)
+    assert sorted(os.listdir(two)) == ["aca.jsonl", "aca.jsonl.meta.json", "search.jsonl", "search.jsonl.meta.json"]
+
+    out = files / "loops_killed"
+    res = _torchrun([WORKER, json.dumps([_aca(files, out)])], {"KILL_AFTER": "1:1"})
+    assert res.returncode != 0 and not (out / "aca.jsonl").exists()
+    parts = part_files(out / "aca.jsonl")
+    kept = [r["id"] for p in parts for r in _records(p)]
+    assert 0 < len(kept) < N_PROBLEMS and len(set(kept)) == len(kept)
+    for p in parts:  # marked, to show that the resumed run copies them and does not solve them again
+        p.write_text("".join(json.dumps({**r, "kept": True}) + "\n" for r in _records(p)))
+    assert _one_process(_aca(files, out)) == 0
+    got = _records(out / "aca.jsonl")
+    assert sorted(r["id"] for r in got if r.pop("kept", False)) == sorted(kept)
+    _assert_close(got, _records(one / "aca.jsonl"))
+    assert sorted(os.listdir(out)) == ["aca.jsonl", "aca.jsonl.meta.json"]

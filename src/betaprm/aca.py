@@ -54,11 +54,11 @@ import numpy as np
 
 from . import aca_rules
 from . import adaptive_vote as av
+from .distributed import Processes, task_records
 from .errors import BetaPRMInputError
 from .evaluation.frontier import Point
 from .generation.base import GenerationRequest, step_token_split
 from .options import opt as _f
-from .provenance import TaskRecords
 from .selection import METHODS, TuneResult, candidate_scores, weighted_vote
 from .selectors import hit
 from .types import StepScores, Task
@@ -480,10 +480,13 @@ def run_aca(
     out=None,
     write_candidates: bool = True,
     progress: bool = True,
+    procs: Processes | None = None,
 ) -> list[dict]:
     """Run ACA on ``tasks``; returns one record per task, in order (done ones read back
-    from ``out`` when it already holds them)."""
-    with TaskRecords(out, [t.id for t in tasks], "ACA", progress) as output:
+    from ``out`` when it already holds them). ``procs`` (``distributed.processes()``, under
+    torchrun): the processes share the problems, each writing its part of ``out``; rank 0
+    gets every record, the others their own (``distributed.SharedTaskRecords``)."""
+    with task_records(out, [t.id for t in tasks], "ACA", procs, progress) as output:
         active = [ACAState(t, cfg) for t in output.todo(tasks)]
         while active:
             comps = generator.generate([s.next_req for s in active])

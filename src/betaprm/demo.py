@@ -22,9 +22,10 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
+from .errors import BetaPRMInputError
 from .evaluation.calibration import evaluate_counts, flat_counts, step_nll
 from .evaluation.metrics import bootstrap_ci, paired_bootstrap
 from .provenance import version
@@ -35,12 +36,51 @@ from .synth.experiment import bayes_scores, bon_hits, demo_data
 from .synth.frontiers import aca_table, bon_frontiers, frontier_results, per_problem_json, pool_token_counts
 from .synth.recipe import BASE, PRESETS, DemoConfig
 from .synth.report import demo_plots, format_results
-from .synth.training import build_backbone, train_prms
+from .synth.training import build_backbone, load_backbone, load_prms, train_prms
 
 __all__ = ["BASE", "PRESETS", "DemoConfig", "format_results", "run_demo"]
 
 logger = logging.getLogger(__name__)
 BETAPRM_SELECTORS = ("betaprm_mean", "betaprm_rb", "betaprm_lin", "betaprm_vote", "betaprm_reliability_vote")
+
+
+# Settings that leave the trained PRMs as they are: a --reuse-prms run may change them.
+NOT_TRAINING = ("out", "threads", "device", "parallel_prms", "aca", "aca_frontier", "reuse_prms", "backbone")
+
+
+def check_reusable(cfg: DemoConfig) -> str:
+    """With ``--reuse-prms``: the version that trained the PRMs in ``cfg.out``, after checking
+    that a finished run left them there with the settings of ``cfg`` (the world's contents,
+    not its file's path); a clear error otherwise."""
+    out = Path(cfg.out)
+    summary = out / "results.json"
+    missing = [str(p) for p in [summary] + [out / d / "config.json" for d in ("backbone", "standard_prm", "betaprm")]]
+    missing = [p for p in missing if not Path(p).is_file()]
+    if missing:
+        raise BetaPRMInputError(
+            f"--reuse-prms: no finished demo run in {out} ({', '.join(missing)} missing); run without --reuse-prms "
+            "to train the PRMs there first"
+        )
+    try:
+        before = json.loads(summary.read_text())
+        have = {k: v for k, v in before["config"].items() if k not in NOT_TRAINING + ("world_config",)}
+        have["world"] = before["world"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise BetaPRMInputError(f"--reuse-prms: {summary} is not a demo run's results.json ({e})") from e
+    want = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING + ("world_config",)}
+    for f in fields(DemoConfig):
+        if f.name in want:  # a setting newer than that run: it ran at the default
+            have.setdefault(f.name, f.default)
+    want["world"] = (WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig()).to_dict()
+    want = json.loads(json.dumps(want))
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if diff:
+        raise BetaPRMInputError(
+            f"--reuse-prms: the PRMs in {out} were trained with other settings ("
+            + ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in diff)
+            + "); give the same settings, or run without --reuse-prms (in another --out to keep these)"
+        )
+    return str(before.get("prms_trained_by") or before.get("version"))
 
 
 def run_demo(cfg: DemoConfig, log=None) -> dict:
@@ -55,6 +95,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     t_start = time.perf_counter()
     eff = cfg.effective()
     device = cfg.torch_device()
+    trained_by = check_reusable(cfg) if cfg.reuse_prms else None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -81,14 +122,16 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         f"({time.perf_counter() - t0:.0f}s)"
     )
 
-    # 2. tokenizer and pretrained backbone
-    _, tokenizer, eff = build_backbone(cfg, eff, world, data.train_traces, out, log, device)
-
-    # 3. the two PRMs, same budget and seed, and 4. their scores of the validation and test pools
+    # 2. tokenizer and pretrained backbone, 3. the two PRMs, same budget and seed, and 4. their
+    # scores of the validation and test pools
     pooled = val_pools + test_pools
-    models, histories, flat = train_prms(
-        eff, out, cfg.seed, device, log, [(p.problem.question, t.steps) for p in pooled for t in p.traces]
-    )
+    traces = [(p.problem.question, t.steps) for p in pooled for t in p.traces]
+    if cfg.reuse_prms:
+        _, tokenizer, eff = load_backbone(out, eff, log)
+        models, histories, flat = load_prms(out, device, log, traces)
+    else:
+        _, tokenizer, eff = build_backbone(cfg, eff, world, data.train_traces, out, log, device)
+        models, histories, flat = train_prms(eff, out, cfg.seed, device, log, traces)
     k, nv = eff.n_candidates, len(val_pools)
     sc = {
         name: {
@@ -142,6 +185,7 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         "world": world_cfg.to_dict(),
         "seed": cfg.seed,
         "version": version(),
+        **({"prms_trained_by": trained_by} if trained_by else {}),
         "bon": bon,
         "comparisons": comparisons,
         "best_of_n_curve": {"n": list(range(1, eff.n_candidates + 1)), **curves},

@@ -1,5 +1,7 @@
-"""Several processes sharing one scoring run, started by torchrun (``torchrun --nproc_per_node N
--m betaprm score ...``, or ``--nnodes`` with a rendezvous endpoint for several machines).
+"""Several processes sharing one run, started by torchrun (``torchrun --nproc_per_node N -m
+betaprm score ...``, or ``--nnodes`` with a rendezvous endpoint for several machines): scoring
+and evaluation, and the problem loops of ACA and search (``SharedTaskRecords``, their problems
+dealt out by count).
 
 Who does what: every process reads the same input and works out the same plan (the forward
 passes a single process would run, in the same groups); the groups are dealt out by their
@@ -29,13 +31,22 @@ import heapq
 import json
 import logging
 import os
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BetaPRMInputError
-from .provenance import completed_ids, meta_path, open_output, part_files, part_path
+from .progress import progress_bar
+from .provenance import (
+    TaskRecords,
+    completed_ids,
+    json_line,
+    meta_path,
+    open_output,
+    part_files,
+    part_path,
+    records_in_order,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +60,13 @@ __all__ = [
     "processes",
     "read_part_records",
     "shared_output",
+    "task_records",
 ]
 
 # How long a process waits for the others at a meeting point (the end of its share): the
 # shares are balanced by tokens, so this is a wait for the slowest device, or for rank 0
 # checking the output before anyone starts. A process that dies makes torchrun stop the rest.
 TIMEOUT_MINUTES = 120
-
-# Tests kill a process mid-run with this: "K" (every process) or "K:RANK" (that one only)
-# sends SIGKILL to the process once it has appended K times to its part file.
-KILL_AFTER_ENV = "BETAPRM_TEST_KILL_AFTER"
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,10 @@ def process_device(choice: str) -> str:
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     procs = processes()
     if choice == "cuda" and procs.world > 1:
-        return f"cuda:{procs.local_rank % max(torch.cuda.device_count(), 1)}"
+        index = procs.local_rank % max(torch.cuda.device_count(), 1)
+        # The current device too: what this process loads on "cuda" (a policy, a judge) is on its own GPU.
+        torch.cuda.set_device(index)
+        return f"cuda:{index}"
     return choice
 
 
@@ -268,7 +279,6 @@ class PartWriter:
         self._file.writelines(lines)
         self._file.flush()
         self.writes += 1
-        _kill_if_asked(self.writes, self.rank)
 
     def close(self) -> None:
         self._file.close()
@@ -278,17 +288,6 @@ class PartWriter:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _kill_if_asked(writes: int, rank: int) -> None:
-    """``BETAPRM_TEST_KILL_AFTER=K[:RANK]``: SIGKILL this process after its K-th part write
-    (tests of a run killed mid-way)."""
-    spec = os.environ.get(KILL_AFTER_ENV)
-    if not spec:
-        return
-    k, _, who = spec.partition(":")
-    if writes == int(k) and (not who or int(who) == rank):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -314,3 +313,62 @@ def shared_output(procs: Processes, path, settings: dict, info: dict | None = No
                 raise BetaPRMInputError(problem)
             raise SystemExit(2)
         yield Path(path)
+
+
+# ---------------------------------------------------------------------- task loops
+class SharedTaskRecords(TaskRecords):
+    """``provenance.TaskRecords`` for the processes ``procs`` of one run (``aca``, ``search``):
+    the problems not done yet (in the output or in any part file, read by rank 0) are dealt
+    out by count, since what a problem costs is known only as it runs; each process appends
+    its finished problems to its part file, and at the end rank 0 writes every record into
+    the output in input order (``merge_parts``). ``records()`` is every record on rank 0,
+    only this process's on the others."""
+
+    def __init__(self, out, ids, what: str, procs: Processes, progress: bool = True, desc: str | None = None):
+        super().__init__(None, ids, what, progress, desc)
+        self.out, self.procs = out, procs
+        self.done = procs.broadcast(done_ids(out) if procs.main else None)
+        left = [i for i in self.ids if i not in self.done]
+        self.mine = {left[j] for j in balanced_shares([1] * len(left), procs.world)[procs.rank]}
+        self._part = None
+
+    def todo(self, tasks) -> list:
+        return [t for t in tasks if t.id in self.mine]
+
+    def __enter__(self):
+        self._part = PartWriter(self.out, self.procs)
+        if self.progress and self.procs.main and self.mine:
+            self._bar = progress_bar(len(self.mine), self.desc, "problem")
+        return self
+
+    def write(self, task_id: str, record: dict) -> None:
+        self.fresh[task_id] = record
+        self._part.write([json_line(record)])
+        if self._bar:
+            self._bar.update(1)
+
+    def __exit__(self, *exc):
+        for handle in (self._part, self._bar):
+            if handle:
+                handle.close()
+        if exc[0] is None:
+            self.procs.all_gather(None)  # every part complete from here on
+            if self.procs.main:
+                merge_parts(self.out, self.ids)
+
+    def records(self) -> list[dict]:
+        if not self.procs.main:
+            return [self.fresh[i] for i in self.ids if i in self.fresh]
+        return records_in_order(self.ids, {}, self.out)
+
+
+def task_records(out, ids, what: str, procs: Processes | None = None, progress: bool = True, desc: str | None = None):
+    """The records of a loop over problems: ``SharedTaskRecords`` under torchrun (``procs``
+    of several processes; ``out`` required), or when part files of an interrupted run of
+    several are there to be finished; else a lone process's ``TaskRecords``."""
+    procs = procs or Processes()
+    if procs.world > 1 and out is None:
+        raise BetaPRMInputError(f"{what} with {procs.world} processes needs an output file (--out)")
+    if out is not None and (procs.world > 1 or part_files(out)):
+        return SharedTaskRecords(out, ids, what, procs, progress, desc)
+    return TaskRecords(out, ids, what, progress, desc)

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .aca import cut_problems, final_selector_problems
+from .distributed import Processes, task_records
 from .errors import BetaPRMInputError
 from .generation.base import GenerationRequest
 from .options import opt as _f
-from .provenance import TaskRecords
 from .selection import METHODS, candidate_scores
 from .types import StepScores, Task
 
@@ -218,14 +218,15 @@ def run_search(
     write_candidates: bool = False,
     progress: bool = True,
     out=None,
+    procs: Processes | None = None,
 ) -> list[dict]:
     """Beam search or DVTS on ``tasks`` in lockstep (one generation and one scoring call a
     round over every problem still searching); one record per task, in order. Without
     ``is_correct`` (no reference answers) a record has the choice and ``correct: None``.
     ``out``: a JSONL file each finished problem appends its record to; a rerun skips the
     problems already there (requests carry seeds derived from the problem, round and beam,
-    so a resumed run draws what an uninterrupted one would)."""
-    with TaskRecords(out, [t.id for t in tasks], "search", progress, desc=cfg.method) as output:
+    so a resumed run draws what an uninterrupted one would). ``procs``: as ``aca.run_aca``'s."""
+    with task_records(out, [t.id for t in tasks], "search", procs, progress, desc=cfg.method) as output:
         active = [_Search(t, cfg) for t in output.todo(tasks)]
         while active:
             plans = [

@@ -188,8 +188,11 @@ def _run(cfg):
         r.is_correct,
         out=cfg.out,
         write_candidates=cfg.write_candidates,
+        procs=r.procs,
     )
     r.close()  # stops math-verify's worker process (on an error above, the exit does)
+    if not r.procs.main:  # under torchrun: rank 0 has every record, and reports
+        return 0
     s = summarize(records)
     extra = f", mean pool {s['mean_pool_size']:.1f}, stops {s['stop_reasons']}"
     print(summary_line(cfg.variant, s, cfg.out, extra))

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from ..aca import accuracy_phrase
 from ..answers import AnswerChecker, final_answer
 from ..data.records import problem_fields, read_objects
+from ..distributed import process_device, processes, shared_output
 from ..errors import BetaPRMInputError
 from ..generation.factory import BACKEND_HELP, RUNTIME_SETTINGS, BackendOptions, build_generator
 from ..image_files import ImageRefused, read_image, resolve_image
@@ -24,7 +25,6 @@ from ..provenance import (
     config_file_of,
     fingerprint,
     model_fingerprint,
-    open_output,
     settings_of,
 )
 from ..synth import World, WorldConfig, synth_answer, synth_is_correct, synth_tasks
@@ -145,7 +145,9 @@ def run_with_output(cfg, run, not_results=NOT_RESULTS):
         "problems": cfg.problems,
         "world_config": cfg.world_config,
     }
-    with open_output(cfg.out, result_settings(cfg, not_results), where, adopt=cfg.adopt_output):
+    # Under torchrun rank 0 checks and locks --out; the processes share the problems.
+    procs = processes()
+    with shared_output(procs, cfg.out, result_settings(cfg, not_results), where, adopt=cfg.adopt_output):
         return run(cfg)
 
 
@@ -153,7 +155,6 @@ def setup(cfg) -> SimpleNamespace:
     """The PRM and its scorer, the tasks, the generator and the answer check of a run:
     ``prm, scorer, tasks, generator, answer_of, is_correct, world`` (None on a problems
     file) and ``close()`` (stops the answer checker's workers)."""
-    import torch
 
     from ..model import load_prm  # torch: loaded when a command runs, not for --help
     from ..scoring import PRMScorer
@@ -161,10 +162,16 @@ def setup(cfg) -> SimpleNamespace:
     # A problems file is read, its images checked, before the model loads: a bad path stops at once.
     where: dict = {}
     tasks = read_problems(cfg.problems, cfg.image_root, where) if cfg.problems is not None else None
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    procs = processes()
+    device = process_device(cfg.device)  # under torchrun: this process's own GPU
     prm, kind = load_prm(cfg.model, device, dtype=cfg.dtype)
-    print(f"{cfg.model} ({kind}) scores the candidates")
-    run = SimpleNamespace(prm=prm, scorer=PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens), close=lambda: None)
+    if procs.main:
+        print(
+            f"{cfg.model} ({kind}) scores the candidates" + (f", {procs.world} processes" if procs.world > 1 else "")
+        )
+    run = SimpleNamespace(
+        prm=prm, scorer=PRMScorer(prm, cfg.batch_size, cfg.max_batch_tokens), close=lambda: None, procs=procs
+    )
     if cfg.problems is None:
         run.world = World(WorldConfig.from_json(cfg.world_config) if cfg.world_config else World().cfg)
         run.tasks = synth_tasks(run.world.sample_problems(cfg.n_problems, split_seeds(cfg.seed).test_problems, "test"))

@@ -65,7 +65,10 @@ def _run(cfg):
         r.is_correct,
         write_candidates=cfg.write_candidates,
         out=cfg.out,
+        procs=r.procs,
     )
     r.close()
+    if not r.procs.main:  # under torchrun: rank 0 has every record, and reports
+        return 0
     print(summary_line(cfg.method, summarize(records), cfg.out))
     return 0

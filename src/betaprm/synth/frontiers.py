@@ -115,8 +115,9 @@ def _aca_variants_job(world_cfg, problems, prm_dir: str, acfgs, tokenizer_dir: s
 # the score margin for reward-only ACA (sigma = 0: c_stop has no effect), the budget for the
 # variant that never stops early.
 # The answer-level variants sweep their stopping threshold (ESC its window, which is also its
-# first batch); 0.95 is Adaptive-Consistency's and DeepConf's published default.
-_THRESHOLDS = ("stop_threshold", (0.5, 0.8, 0.95, 0.99), 0.95)
+# first batch); 0.95 is Adaptive-Consistency's and DeepConf's published default. The grid
+# reaches down to 0.3 so that every frontier has a point below half of Best-of-16's tokens.
+_THRESHOLDS = ("stop_threshold", (0.3, 0.5, 0.8, 0.95, 0.99), 0.95)
 ACA_KNOBS = {
     "aca": ("c_stop", (0.0, 0.05, 0.1, 0.2, 0.3, 0.6), 0.3),
     "aca_no_early_stop": ("budget", (4, 8, 12, 16), 16),

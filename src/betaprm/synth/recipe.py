@@ -131,6 +131,12 @@ class DemoConfig:
     backbone: str | None = _f(
         None, "a backbone directory saved by an earlier demo run (its OUT/backbone): skips pretraining"
     )
+    reuse_prms: bool = _f(
+        False,
+        "reuse the backbone and both PRMs that a finished run with the same settings left in --out (its "
+        "results.json says which): skips pretraining and training, reruns scoring, tuning, ACA and the report",
+        added=True,
+    )
 
     def __post_init__(self):
         bad = [

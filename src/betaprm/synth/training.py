@@ -416,6 +416,41 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
 PRM_JOBS = (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial"))
 
 
+def load_backbone(out, eff, log):
+    """``build_backbone``'s ``(backbone, tokenizer, eff)`` read back from ``out/backbone``,
+    where an earlier run of the same settings saved them (``--reuse-prms``)."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    folder = Path(out) / "backbone"
+    backbone = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    eff = replace(
+        eff,
+        hidden_size=backbone.config.hidden_size,
+        num_layers=backbone.config.num_hidden_layers,
+        intermediate_size=backbone.config.intermediate_size,
+    )
+    log(f"backbone: reusing {folder} (Llama {eff.hidden_size}x{eff.num_layers}, vocabulary {len(tokenizer)})")
+    return backbone, tokenizer, eff
+
+
+def load_prms(out, device, log, traces):
+    """``train_prms``'s result from the PRMs an earlier run of the same settings saved in
+    ``out`` (``--reuse-prms``): each loaded, its training history read from its
+    ``train_summary.json``, its scores of ``traces`` made again."""
+    import json
+
+    models, histories, scores = {}, {}, {}
+    t0 = time.perf_counter()
+    for name, objective in PRM_JOBS:
+        models[name] = BetaPRM.from_pretrained(Path(out) / name, device=device).eval()
+        histories[name] = json.loads((Path(out) / name / "train_summary.json").read_text())["log_history"]
+        scores[name] = score_traces(models[name], traces, batch_size=64)
+        log(f"{name} ({objective}): reusing {Path(out) / name}")
+    log(f"scored {2 * len(traces)} candidates ({time.perf_counter() - t0:.0f}s)")
+    return models, histories, scores
+
+
 def train_and_score(eff, out, name, objective, seed, device, traces, log):
     """``train_prm``, then the PRM's scores of ``traces`` (``(question, steps)`` pairs):
     ``(prm, log_history, scores, seconds spent scoring)``."""

@@ -316,9 +316,7 @@ class TrainConfig:
             if 0 <= w < 1:  # transformers 5: a float under 1 is a ratio
                 self.warmup_ratio, self.warmup_steps = float(w), None
             elif not (w >= 1 and float(w).is_integer()):
-                problems.append(
-                    f"--warmup-steps must be a whole number of steps >= 1 or a ratio in [0, 1), got {w}"
-                )
+                problems.append(f"--warmup-steps must be a whole number of steps >= 1 or a ratio in [0, 1), got {w}")
             else:
                 self.warmup_steps = int(w)
         if not 0.0 <= self.hard_threshold <= 1.0:  # compared with K/N: outside [0, 1] every step is one class

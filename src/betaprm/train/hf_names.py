@@ -174,8 +174,10 @@ def _trl_recipe(values: dict, path: str) -> dict:
     elif take("model_revision") not in (None, "", "main"):
         raise RecipeError("model_revision without model_name_or_path: write the model as OWNER/NAME@REVISION")
     name = take("dataset_name")
-    config, train_split, test_split = take("dataset_config"), take("dataset_train_split", "train"), take(
-        "dataset_test_split", "test"
+    config, train_split, test_split = (
+        take("dataset_config"),
+        take("dataset_train_split", "train"),
+        take("dataset_test_split", "test"),
     )
     if config not in (None, ""):
         raise RecipeError(
