@@ -219,7 +219,6 @@ def test_a_killed_eval_steps_run_resumes_in_one_process(files, reference, caplog
     assert os.listdir(out) == ["pb.json"]  # the kept scores go once the results are written
 
 
-@pytest.mark.slow
 def test_a_killed_eval_bon_run_resumes_in_one_process(files, reference, caplog):
     """Rank 0 dies after its first forward pass and torchrun stops rank 1: the scores of that
     pass and whatever rank 1 wrote are kept; one process scores the rest, and its metrics are
