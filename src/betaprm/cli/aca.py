@@ -160,20 +160,22 @@ def run(args):
 
 def _run(cfg):
     r = setup(cfg)
+    say = print if r.procs.main else (lambda *a: None)  # under torchrun: said once, by rank 0
     final_lam, final_tau = cfg.final_lam, cfg.final_tau
     if cfg.rules == "authors":  # their final choice is part of their rule set: no S_RB to tune
-        print(f"--rules authors: final choice by the top S_lin (lambda {cfg.lam}), as their orchestrator's")
+        say(f"--rules authors: final choice by the top S_lin (lambda {cfg.lam}), as their orchestrator's")
         cfg.final, final_lam, final_tau = "lin", cfg.lam, None
     elif cfg.final == "rb" and final_tau is None and r.world is not None:
         n_val = 300
+        # Every process tunes the same: no process waits for another's verdict.
         res = tune_rb_on_world(r.world, r.scorer, cfg.budget, cfg.seed, final_lam, n_val=n_val)
-        print(
+        say(
             f"S_RB tuned on {n_val} validation problems: lambda {res.lam}, tau {res.tau:.4f} (q {res.q}), "
             f"validation accuracy {res.val_accuracy:.3f}"
         )
         final_lam, final_tau = res.lam, res.tau
     elif cfg.final == "rb" and final_tau is None:
-        print("betaprm aca: no --final-tau for S_RB on a problems file: the final choice uses S_lin (lambda 0.5)")
+        say("betaprm aca: no --final-tau for S_RB on a problems file: the final choice uses S_lin (lambda 0.5)")
         cfg.final = "lin"
     aca_cfg = cfg.aca_config(final_lam if final_lam is not None else 0.5, final_tau)
     # --frontier's runs are read and checked against these problems before any work.
