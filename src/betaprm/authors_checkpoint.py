@@ -27,10 +27,21 @@ and tokenises the whole text with the tokenizer's default special tokens. ``mu``
 softmax over the ``Yes``/``No`` logits at each ``<prm>``; ``kappa = softplus(head(h)) + 1e-3``
 on the last hidden state (after the final norm), the ``kappa_min`` fixed in their model class.
 
-Language models: Qwen2 and Llama. InternLM2 (the language model of InternVL2/2.5 at 2B, 8B,
-20B and 26B) is refused: transformers' script turns its weights into Llama ones, but its
-tokenizer only through a hand-edited file, and a tokenizer that is not the trained one would
-change the token ids.
+Language models: Qwen2, Llama and InternLM2 (the language model of InternVL2/2.5 at 2B, 8B,
+20B and 26B, the paper's InternVL2.5-8B among them). InternLM2 becomes transformers' Llama, as
+transformers' script and InternLM's ``tools/convert2llama.py`` convert it: the names of
+``_INTERNLM2_RENAMES``, the fused ``wqkv`` cut per key-value head (``split_wqkv``), ``output``
+as ``lm_head``, ``bias`` (InternLM2's default True) as ``attention_bias`` with the biases cut
+the same way, ``rms_norm_eps``, ``rope_theta`` and ``rope_scaling`` (dynamic NTK, which equals
+InternLM2's within ``max_position_embeddings``; beyond it InternLM2 keeps its grown cache and
+the two differ slightly). Its tokenizer, a remote-code class over a sentencepiece model, is
+rebuilt without sentencepiece by ``spm_tokenizer.spm_bpe_tokenizer``, which refuses any
+``tokenizer.model`` whose encoding it does not reproduce exactly. Tested on hand-made models in
+InternLM2's layout (and, outside the test suite, against the real slow tokenizer on models
+trained by sentencepiece); the real InternLM2 ``tokenizer.model`` was not available, so the
+first real checkpoint should be checked: its ids against the authors' tokenizer
+(``AutoTokenizer.from_pretrained(ckpt, trust_remote_code=True, use_fast=False)``) on their
+training file's prompts.
 
 Over 400 lines because reading their folder (config, shards, tokenizer), each problem with its
 own message, the renaming and the writing are one conversion, tested as one.
@@ -47,18 +58,17 @@ from .data.jsonl import BadJSON, load_json_file
 from .errors import BetaPRMInputError
 from .formatting import TraceFormat
 from .provenance import check_paths
+from .spm_tokenizer import spm_bpe_tokenizer
 
 __all__ = ["AUTHORS_TEMPLATES", "authors_trace_template", "convert_authors_checkpoint"]
 
-LANGUAGE_MODELS = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
-"""The authors' ``llm_config.architectures[0]`` values converted, and the transformers model type."""
+LANGUAGE_MODELS = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama", "InternLM2ForCausalLM": "llama"}
+"""The authors' ``llm_config.architectures[0]`` values converted, and the transformers model type
+(InternLM2 becomes Llama: ``_INTERNLM2_RENAMES``, ``split_wqkv``, ``_internlm2_values``)."""
+
+_INTERNLM2 = "InternLM2ForCausalLM"
 
 _REFUSED_LANGUAGE_MODELS = {
-    "InternLM2ForCausalLM": (
-        "transformers' InternVL conversion turns InternLM2 weights into Llama ones but its tokenizer only through a "
-        "hand-edited Llama tokenizer file, and any other tokenizer would give other token ids than the model was "
-        "trained on"
-    ),
     "Phi3ForCausalLM": "transformers' InternVL model has no Phi-3 language model",
 }
 
@@ -111,6 +121,18 @@ _RENAMES = [
     (r"^language_model\.model\.", "model.language_model."),
     (r"^language_model\.lm_head\.", "lm_head."),
 ]
+# InternLM2's names -> Llama's (InternVL's internlm2/modeling_internlm2.py; the table of
+# transformers' conversion script and of InternLM's tools/convert2llama.py), after _RENAMES.
+_INTERNLM2_RENAMES = [
+    (r"^model\.language_model\.tok_embeddings\.", "model.language_model.embed_tokens."),
+    (r"^(model\.language_model\.layers\.\d+)\.attention\.wo\.", r"\1.self_attn.o_proj."),
+    (r"^(model\.language_model\.layers\.\d+)\.feed_forward\.w1\.", r"\1.mlp.gate_proj."),
+    (r"^(model\.language_model\.layers\.\d+)\.feed_forward\.w3\.", r"\1.mlp.up_proj."),
+    (r"^(model\.language_model\.layers\.\d+)\.feed_forward\.w2\.", r"\1.mlp.down_proj."),
+    (r"^(model\.language_model\.layers\.\d+)\.attention_norm\.", r"\1.input_layernorm."),
+    (r"^(model\.language_model\.layers\.\d+)\.ffn_norm\.", r"\1.post_attention_layernorm."),
+    (r"^language_model\.output\.", "lm_head."),
+]
 _HEAD_PREFIX = "kappa_head."
 
 
@@ -130,17 +152,44 @@ def _literal(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def rename_weight(name: str) -> str:
+def rename_weight(name: str, internlm2: bool = False) -> str:
     """One of their backbone weight names as transformers' InternVL model names it (``attn.qkv``
-    stays fused: ``split_weights`` splits it)."""
-    for pattern, replacement in _RENAMES:
+    and InternLM2's ``attention.wqkv`` stay fused: ``split_weights`` splits them); ``internlm2``:
+    the language model is InternLM2, named as Llama."""
+    for pattern, replacement in _RENAMES + (_INTERNLM2_RENAMES if internlm2 else []):
         name = re.sub(pattern, replacement, name)
     return name
 
 
-def split_weights(state: dict, where: Path) -> tuple[dict, dict]:
+def split_wqkv(tensor, heads: int, kv_heads: int, where: str) -> tuple:
+    """InternLM2's fused ``wqkv`` weight (or bias) -> Llama's (q, k, v). Its rows are grouped by
+    key-value head: for each, its ``heads / kv_heads`` query heads, then its key head, then its
+    value head, ``head_dim`` rows each; query head ``h * g + j`` belongs to key-value head ``h``,
+    as in Llama's ``repeat_kv``."""
+    g = heads // kv_heads
+    rows = tensor.shape[0]
+    if rows % (kv_heads * (g + 2)):
+        raise BetaPRMInputError(
+            f"{where}: {rows} rows, not a multiple of {kv_heads} key-value heads x ({g} query + 2) heads; the weights "
+            "do not fit llm_config's num_attention_heads and num_key_value_heads"
+        )
+    rest = tuple(tensor.shape[1:])
+    t = tensor.reshape(kv_heads, g + 2, rows // (kv_heads * (g + 2)), *rest)
+    return (
+        t[:, :g].reshape(-1, *rest).contiguous(),
+        t[:, g].reshape(-1, *rest).contiguous(),
+        t[:, g + 1].reshape(-1, *rest).contiguous(),
+    )
+
+
+def split_weights(state: dict, where: Path, llm: dict | None = None) -> tuple[dict, dict]:
     """Their state dict -> (the backbone's, in transformers' names; the kappa head's, without
-    its prefix). Their vision attention's fused ``qkv`` is cut into thirds (query, key, value)."""
+    its prefix). Their vision attention's fused ``qkv`` is cut into thirds (query, key, value);
+    with an InternLM2 ``llm`` (their ``llm_config``), its ``wqkv`` by ``split_wqkv``."""
+    internlm2 = bool(llm) and (llm.get("architectures") or [""])[0] == _INTERNLM2
+    if internlm2:
+        heads = int(llm["num_attention_heads"])
+        kv_heads = int(llm.get("num_key_value_heads") or heads)
     backbone, head, unknown = {}, {}, []
     for name, tensor in state.items():
         if name.startswith(_HEAD_PREFIX):
@@ -149,10 +198,14 @@ def split_weights(state: dict, where: Path) -> tuple[dict, dict]:
         if not name.startswith(("vision_model.", "mlp1.", "language_model.")):
             unknown.append(name)
             continue
-        new = rename_weight(name)
+        new = rename_weight(name, internlm2)
         if ".attention.qkv." in new:
             for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
                 backbone[new.replace(".attention.qkv.", f".attention.{part}.")] = chunk.contiguous()
+        elif internlm2 and ".attention.wqkv." in new:
+            parts = split_wqkv(tensor, heads, kv_heads, f"{where}: {name}")
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), parts):
+                backbone[new.replace(".attention.wqkv.", f".self_attn.{part}.")] = chunk
         else:
             backbone[new] = tensor
     if unknown:
@@ -212,9 +265,14 @@ def _weight_files(src: Path) -> list[Path]:
     raise BetaPRMInputError(f"{src}: missing model.safetensors (or model.safetensors.index.json and its shards)")
 
 
-def _check_tokenizer_files(src: Path) -> None:
+def _check_tokenizer_files(src: Path, arch: str) -> None:
     if not (src / "tokenizer_config.json").is_file():
         raise BetaPRMInputError(f"{src}: missing tokenizer_config.json (the tokenizer saved with the model)")
+    if arch == _INTERNLM2 and not (src / "tokenizer.model").is_file():
+        raise BetaPRMInputError(
+            f"{src}: missing tokenizer.model, the sentencepiece model of InternLM2's tokenizer (InternLM2Tokenizer "
+            "saves it beside tokenizer_config.json); copy it from the checkpoint the training started from"
+        )
     if not any((src / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer.model")):
         raise BetaPRMInputError(
             f"{src}: missing the tokenizer's vocabulary (tokenizer.json, or vocab.json and merges.txt, or "
@@ -265,6 +323,8 @@ def read_authors_config(src: Path) -> dict:
     for lora in ("use_backbone_lora", "use_llm_lora"):
         if raw.get(lora):
             problems.append(f"{lora} is {raw[lora]}: merge the LoRA weights into the model and save it again first")
+    if arch == _INTERNLM2:
+        problems += _internlm2_problems(llm)
     size = raw.get("force_image_size") or vision.get("image_size")
     if vision.get("image_size") not in (None, size):
         problems.append(
@@ -274,6 +334,47 @@ def read_authors_config(src: Path) -> dict:
     if problems:
         raise BetaPRMInputError(f"{cfg_file}: " + "; ".join(problems))
     return raw
+
+
+def _internlm2_problems(llm: dict) -> list[str]:
+    """What of an InternLM2 llm_config has no Llama equivalent."""
+    problems = []
+    scaling = llm.get("rope_scaling")
+    if scaling is not None and (
+        not isinstance(scaling, dict)
+        or scaling.get("type", scaling.get("rope_type")) not in ("dynamic", "linear")
+        or not isinstance(scaling.get("factor"), (int, float))
+        or isinstance(scaling.get("factor"), bool)
+        or not scaling["factor"] >= 1
+    ):
+        problems.append(
+            f"llm_config.rope_scaling is {scaling!r}; InternLM2's are type 'dynamic' or 'linear' with a factor >= 1 "
+            "(or null)"
+        )
+    try:
+        hidden, heads = int(llm["hidden_size"]), int(llm["num_attention_heads"])
+        kv_heads = int(llm.get("num_key_value_heads") or heads)
+    except (KeyError, TypeError, ValueError):
+        return [*problems, "llm_config needs hidden_size, num_attention_heads (and num_key_value_heads) as integers"]
+    if heads <= 0 or kv_heads <= 0 or hidden % heads or heads % kv_heads:
+        problems.append(
+            f"llm_config: hidden_size {hidden}, num_attention_heads {heads}, num_key_value_heads {kv_heads} do not "
+            "split into whole heads and groups"
+        )
+    return problems
+
+
+def _internlm2_values(llm: dict) -> dict:
+    """InternLM2's settings that LlamaConfig names otherwise (configuration_internlm2.py):
+    ``bias`` (default True) on wqkv and wo is Llama's ``attention_bias``; the head size is
+    hidden / heads; the MLP has no bias."""
+    values = {"attention_bias": bool(llm.get("bias", True)), "mlp_bias": False}
+    values["head_dim"] = int(llm["hidden_size"]) // int(llm["num_attention_heads"])
+    scaling = llm.get("rope_scaling")
+    if scaling:  # {"type": "dynamic", "factor": 2.0}: the same NTK formula, within max_position_embeddings
+        kind = scaling.get("type", scaling.get("rope_type"))
+        values["rope_scaling"] = {"rope_type": kind, "factor": float(scaling["factor"])}
+    return values
 
 
 def _text_config(llm: dict):
@@ -286,6 +387,8 @@ def _text_config(llm: dict):
     keep = {f.name for f in dataclasses.fields(cls)} | {"rope_theta", "rope_scaling", "head_dim"}
     keep -= {"transformers_version", "architectures", "dtype", "output_hidden_states", "return_dict"}
     values = {k: v for k, v in llm.items() if k in keep}
+    if arch == _INTERNLM2:
+        values.update(_internlm2_values(llm))
     values.update(tie_word_embeddings=False, use_cache=True)
     return cls(**values)
 
@@ -315,12 +418,20 @@ def _vision_config(vision: dict, image_size: int):
     )
 
 
-def _load_tokenizer(src: Path):
+def _load_tokenizer(src: Path, arch: str):
     """Their tokenizer, with the named image tokens the processor reads; returns it and the
-    ids of tokens this added (``<video>`` when it has none), which need embedding rows."""
+    ids of tokens this added (``<video>`` when it has none), which need embedding rows.
+    InternLM2's (a remote-code class over a sentencepiece model) is rebuilt as a fast
+    tokenizer that gives its ids (``spm_bpe_tokenizer``)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    if arch == _INTERNLM2:
+        model_file, config_file = src / "tokenizer.model", src / "tokenizer_config.json"
+        tok_config = _json(config_file)
+        plain = spm_bpe_tokenizer(model_file, tok_config, config_file)
+        tok = spm_bpe_tokenizer(model_file, tok_config, config_file, extra_special_tokens=dict(IMAGE_TOKENS))
+        return _check_tokenizer(src, plain, tok)
     # AutoTokenizer also reads config.json, and warns that it does not know internvl_chat.
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -334,6 +445,12 @@ def _load_tokenizer(src: Path):
         ) from None
     finally:
         hf_logging.set_verbosity(level)
+    return _check_tokenizer(src, plain, tok)
+
+
+def _check_tokenizer(src: Path, plain, tok):
+    """(tok, ids ``tok`` added to the checkpoint's tokens, how many the checkpoint has);
+    refuses a tokenizer without their tokens."""
     vocab = plain.get_vocab()
     missing = [t for t in ("<prm>", "<img>", "</img>", "<IMG_CONTEXT>") if t not in vocab]
     if missing:
@@ -375,14 +492,15 @@ def convert_authors_checkpoint(src, out, *, kappa_min: float = 1e-3, kappa_init:
     _check_folders(src, out)
     raw = read_authors_config(src)
     files = _weight_files(src)
-    _check_tokenizer_files(src)
+    arch = raw["llm_config"]["architectures"][0]
+    _check_tokenizer_files(src, arch)
     state = {}
     for f in files:
         try:
             state.update(load_file(f))
         except (OSError, SafetensorError) as e:
             raise BetaPRMInputError(f"{f}: cannot read the weights ({e}); the checkpoint is damaged") from None
-    backbone_sd, head_sd = split_weights(state, src)
+    backbone_sd, head_sd = split_weights(state, src, raw["llm_config"])
     del state
 
     llm, vision = raw["llm_config"], raw["vision_config"]
@@ -390,7 +508,7 @@ def convert_authors_checkpoint(src, out, *, kappa_min: float = 1e-3, kappa_init:
     patch = int(vision.get("patch_size", 14))
     ratio = float(raw.get("downsample_ratio", 0.5))
     image_seq_length = int((image_size // patch) ** 2 * ratio**2)
-    tokenizer, added_ids, known = _load_tokenizer(src)
+    tokenizer, added_ids, known = _load_tokenizer(src, arch)
 
     config = InternVLConfig(
         text_config=_text_config(llm),

@@ -15,7 +15,9 @@ DESCRIPTION = """Convert a PRM checkpoint saved by other code into a BetaPRM fol
             InternVLForConditionalGeneration, the kappa head their LayerNorm -> Linear
             (kappa_head layernorm-linear), and traces are written as their scoring writes them
             (their conversation template, an empty user turn, "Question: ...\\nProcess: ..."),
-            so mu and kappa are theirs. Qwen2 and Llama language models; InternLM2 is refused.
+            so mu and kappa are theirs. Qwen2, Llama and InternLM2 language models (InternLM2
+            becomes Llama; its sentencepiece tokenizer.model is rebuilt as a fast tokenizer, and
+            one whose encoding cannot be rebuilt exactly is refused).
 
 The input folder is only read; --output must be a new or empty folder outside it."""
 
