@@ -25,6 +25,7 @@ from betaprm.cli.flags import config_from_args
 from betaprm.errors import BetaPRMInputError
 
 from .helpers import make_counts, make_lm_dir
+from .test_authors_checkpoint import _their_checkpoint
 
 HUGE = "1" + "0" * 400
 HOSTILE_FLOATS = ["nan", "inf", "-inf", "1e400", "-1e9", HUGE]
@@ -72,6 +73,7 @@ def inputs(tmp_path_factory):
     (root / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pb))
     trl = [{"prompt": "add", "completions": ["1 + 2 = 3", "3 + 4 = 8"], "labels": [True, False]}] * 3
     (root / "trl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trl))
+    _their_checkpoint(root / "authors")  # a checkpoint of the paper authors' code, for convert-model
     (root / "a-file").write_text("x\n")
     (root / "opts.yaml").write_text("{}\n")  # a --config file of no options
     (root / "loop").symlink_to(root / "loop")
@@ -109,6 +111,7 @@ def _bases(i: Path, o: Path) -> dict:
         "eval-calibration": {"--model": prm, "--data": counts, "--out": str(o / "cal.json"), "--device": "cpu"},
         "serve": {"--model": prm, "--device": "cpu"},
         "demo": {"--quick": None, "--out": str(o / "demo")},
+        "convert-model": {"--from": "authors", "--input": str(i / "authors"), "--output": str(o / "converted")},
     }
 
 
@@ -124,10 +127,16 @@ def _config_class(command: str):
     return None
 
 
-def _numeric_fields(cls) -> list[tuple[str, bool]]:
-    """``(flag, is_int)`` of every int or float option of ``cls``."""
+def _numeric_fields(cls, command: str) -> list[tuple[str, bool]]:
+    """``(flag, is_int)`` of every int or float option of ``cls`` (without one: of the
+    command's argparse flags read by ``cli.flags.number_flag``)."""
     if cls is None:
-        return []
+        parser = build_parser()._subparsers._group_actions[0].choices[command]
+        return [
+            (a.option_strings[0], a.type.__name__ == "int")
+            for a in parser._actions
+            if a.option_strings and getattr(a.type, "__name__", "") in ("int", "float") and a.type not in (int, float)
+        ]
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -154,7 +163,7 @@ def _cases(i: Path, o: Path):
     for command, base in bases.items():
         yield command, "as given", {}
         cls = _config_class(command)
-        for flag, is_int in _numeric_fields(cls):
+        for flag, is_int in _numeric_fields(cls, command):
             for v in HOSTILE_INTS if is_int else HOSTILE_FLOATS:
                 yield command, f"{flag} {v[:12]}", {flag: v}
         own = _own_input(base)
@@ -262,7 +271,7 @@ def _config_only(argv: list[str]):
 
 def test_the_harness_finds_every_numeric_option_of_train():
     """The options come from the config dataclasses: a new one is fuzzed without a change here."""
-    flags = dict(_numeric_fields(_config_class("train")))
+    flags = dict(_numeric_fields(_config_class("train"), "train"))
     assert {"--learning-rate", "--max-steps", "--lambda-reg", "--kappa-min", "--max-length"} <= set(flags)
     assert flags["--max-steps"] is True and flags["--learning-rate"] is False
     assert os.path.basename(__file__) == "test_cli_fuzz.py"
