@@ -104,6 +104,7 @@ def _aca_variants_job(world_cfg, problems, prm_dir: str, acfgs, tokenizer_dir: s
 
     torch.set_num_threads(threads)
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the demo's log
     prm = BetaPRM.from_pretrained(prm_dir, device="cpu").eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     return _aca_variants(World(world_cfg), problems, prm, acfgs, tokenizer, seed)
