@@ -538,3 +538,32 @@ def test_prm_micro_batches_reach_betaprm_train(monkeypatch, tmp_path):
         (32, 32, True),
         (32, 8, True),
     ]
+
+
+def test_reuse_prms_compares_the_recipe_a_device_implies(tmp_path, monkeypatch):
+    """--reuse-prms checks the settings the PRMs were trained with, also those the device
+    implies: the same flags on a GPU host are the --long recipe, not the CPU run's."""
+    import json
+    from dataclasses import asdict
+
+    import torch
+
+    from betaprm.demo import check_reusable
+
+    cfg = DemoConfig(out=str(tmp_path))
+    for d in ("backbone", "standard_prm", "betaprm"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "config.json").write_text("{}")
+        (tmp_path / d / "train_summary.json").write_text('{"log_history": []}')
+    with pytest.raises(BetaPRMInputError, match="no finished demo run"):
+        check_reusable(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    results = {"config": asdict(cfg), "effective_config": asdict(cfg.effective()), "world": WorldConfig().to_dict()}
+    (tmp_path / "results.json").write_text(json.dumps({**results, "version": "0.0.1"}))
+    assert check_reusable(cfg) == "0.0.1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # device auto: the --long recipe
+    with pytest.raises(BetaPRMInputError, match=r"prm_steps \(effective\): 1500 there, 6600 here"):
+        check_reusable(cfg)
+    (tmp_path / "results.json").write_text(json.dumps({**results, "config": []}))
+    with pytest.raises(BetaPRMInputError, match="not a demo run's results.json"):
+        check_reusable(cfg)

@@ -199,7 +199,7 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
     # the same, and it is read back by the claims script as the same settings.
     again = run_cli("demo", *TINY, "--seed", "0", "--out", str(out), "--reuse-prms", timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "reusing" in again.stdout and "pretraining step" not in again.stdout
+    assert "reusing" in again.stdout and "pretraining step" not in again.stdout and "final loss" not in again.stdout
     r2 = json.loads((out / "results.json").read_text())
     assert r2["prms_trained_by"] == r["version"] and r2["config"]["reuse_prms"]
     assert r2["bon"] == r["bon"] and r2["aca_frontier"] == r["aca_frontier"] and r2["calibration"] == r["calibration"]
@@ -209,3 +209,9 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
     assert bad.returncode != 0 and "prm_steps: 10 there, 11 here" in bad.stderr
     bad = run_cli("demo", *TINY, "--out", str(tmp_path / "empty"), "--reuse-prms", timeout=600)
     assert bad.returncode != 0 and "no finished demo run" in bad.stderr
+    # A run that trains again in the folder takes its old results away first: stopped before it
+    # writes its own (here by a backbone that is not there), it leaves nothing a --reuse-prms run
+    # could take for the settings of the models in the folder.
+    stopped = run_cli("demo", *TINY, "--out", str(out), "--backbone", str(tmp_path / "none"), timeout=600)
+    assert stopped.returncode == 2 and "not a saved backbone" in stopped.stderr
+    assert not (out / "results.json").exists()

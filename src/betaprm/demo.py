@@ -44,8 +44,11 @@ logger = logging.getLogger(__name__)
 BETAPRM_SELECTORS = ("betaprm_mean", "betaprm_rb", "betaprm_lin", "betaprm_vote", "betaprm_reliability_vote")
 
 
-# Settings that leave the trained PRMs as they are: a --reuse-prms run may change them.
+# Settings that leave the trained PRMs as they are: a --reuse-prms run may change them. The
+# recipe a device implies (--long on a GPU) is compared through the effective settings.
 NOT_TRAINING = ("out", "threads", "device", "parallel_prms", "aca", "aca_frontier", "reuse_prms", "backbone")
+# Set from the backbone a run reuses (--backbone): compared as given, not as filled in.
+_BACKBONE_SIZES = ("hidden_size", "num_layers", "intermediate_size")
 
 
 def check_reusable(cfg: DemoConfig) -> str:
@@ -54,8 +57,9 @@ def check_reusable(cfg: DemoConfig) -> str:
     not its file's path); a clear error otherwise."""
     out = Path(cfg.out)
     summary = out / "results.json"
-    missing = [str(p) for p in [summary] + [out / d / "config.json" for d in ("backbone", "standard_prm", "betaprm")]]
-    missing = [p for p in missing if not Path(p).is_file()]
+    needed = [summary, out / "backbone" / "config.json"]
+    needed += [out / d / f for d in ("standard_prm", "betaprm") for f in ("config.json", "train_summary.json")]
+    missing = [str(p) for p in needed if not p.is_file()]
     if missing:
         raise BetaPRMInputError(
             f"--reuse-prms: no finished demo run in {out} ({', '.join(missing)} missing); run without --reuse-prms "
@@ -65,7 +69,9 @@ def check_reusable(cfg: DemoConfig) -> str:
         before = json.loads(summary.read_text())
         have = {k: v for k, v in before["config"].items() if k not in NOT_TRAINING + ("world_config",)}
         have["world"] = before["world"]
-    except (ValueError, KeyError, TypeError) as e:
+        skip = NOT_TRAINING + ("world_config",) + _BACKBONE_SIZES
+        have_eff = {k: v for k, v in before["effective_config"].items() if k not in skip}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise BetaPRMInputError(f"--reuse-prms: {summary} is not a demo run's results.json ({e})") from e
     want = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING + ("world_config",)}
     for f in fields(DemoConfig):
@@ -74,6 +80,13 @@ def check_reusable(cfg: DemoConfig) -> str:
     want["world"] = (WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig()).to_dict()
     want = json.loads(json.dumps(want))
     diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    # The same flags on another device can be another recipe (--long on a GPU): compared as run.
+    want_eff = json.loads(json.dumps(asdict(cfg.effective())))
+    diff += sorted(
+        f"{k} (effective)" for k in set(want_eff) & set(have_eff) if want_eff[k] != have_eff[k] and k not in diff
+    )
+    have.update({f"{k} (effective)": v for k, v in have_eff.items()})
+    want.update({f"{k} (effective)": v for k, v in want_eff.items()})
     if diff:
         raise BetaPRMInputError(
             f"--reuse-prms: the PRMs in {out} were trained with other settings ("
@@ -130,6 +143,9 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
         _, tokenizer, eff = load_backbone(out, eff, log)
         models, histories, flat = load_prms(out, device, log, traces)
     else:
+        # The models are about to be replaced: an earlier run's results no longer describe them
+        # (a later --reuse-prms must not take them for that run's).
+        (out / "results.json").unlink(missing_ok=True)
         _, tokenizer, eff = build_backbone(cfg, eff, world, data.train_traces, out, log, device)
         models, histories, flat = train_prms(eff, out, cfg.seed, device, log, traces)
     k, nv = eff.n_candidates, len(val_pools)

@@ -320,14 +320,25 @@ class SharedTaskRecords(TaskRecords):
     """``provenance.TaskRecords`` for the processes ``procs`` of one run (``aca``, ``search``):
     the problems not done yet (in the output or in any part file, read by rank 0) are dealt
     out by count, since what a problem costs is known only as it runs; each process appends
-    its finished problems to its part file, and at the end rank 0 writes every record into
-    the output in input order (``merge_parts``). ``records()`` is every record on rank 0,
-    only this process's on the others."""
+    its finished problems to its part file, and at the end rank 0 appends them to the output
+    in input order (``merge_parts``; after any records a single process had written there, in
+    the order they finished). ``records()`` is every record on rank 0, in input order, only
+    this process's on the others."""
 
     def __init__(self, out, ids, what: str, procs: Processes, progress: bool = True, desc: str | None = None):
         super().__init__(None, ids, what, progress, desc)
         self.out, self.procs = out, procs
-        self.done = procs.broadcast(done_ids(out) if procs.main else None)
+        problem, done = None, None
+        if procs.main:
+            try:
+                done = done_ids(out)
+            except BetaPRMInputError as e:  # a bad line in the output or a part file
+                problem = str(e)
+        problem, self.done = procs.broadcast((problem, done))
+        if problem is not None:  # said once, by rank 0; the others stop with it (as shared_output)
+            if procs.main:
+                raise BetaPRMInputError(problem)
+            raise SystemExit(2)
         left = [i for i in self.ids if i not in self.done]
         self.mine = {left[j] for j in balanced_shares([1] * len(left), procs.world)[procs.rank]}
         self._part = None

@@ -102,7 +102,7 @@ def _token_entries(config: dict, config_file: Path) -> dict[int, dict]:
         raise BetaPRMInputError(f"{config_file}: added_tokens_decoder must be an object of id -> token")
     entries = {}
     for key, value in raw.items():
-        if not (isinstance(key, str) and key.isdigit()) or not isinstance(value, dict):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()) or not isinstance(value, dict):
             raise BetaPRMInputError(f"{config_file}: added_tokens_decoder entry {key!r} is not id -> token object")
         content = value.get("content")
         if not isinstance(content, str) or not content:
