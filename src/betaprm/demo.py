@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 from .errors import BetaPRMInputError
@@ -44,17 +44,15 @@ logger = logging.getLogger(__name__)
 BETAPRM_SELECTORS = ("betaprm_mean", "betaprm_rb", "betaprm_lin", "betaprm_vote", "betaprm_reliability_vote")
 
 
-# Settings that leave the trained PRMs as they are: a --reuse-prms run may change them. The
-# recipe a device implies (--long on a GPU) is compared through the effective settings.
+# Settings that leave the trained PRMs as they are: a --reuse-prms run may change them.
 NOT_TRAINING = ("out", "threads", "device", "parallel_prms", "aca", "aca_frontier", "reuse_prms", "backbone")
-# Set from the backbone a run reuses (--backbone): compared as given, not as filled in.
-_BACKBONE_SIZES = ("hidden_size", "num_layers", "intermediate_size")
 
 
 def check_reusable(cfg: DemoConfig) -> str:
     """With ``--reuse-prms``: the version that trained the PRMs in ``cfg.out``, after checking
-    that a finished run left them there with the settings of ``cfg`` (the world's contents,
-    not its file's path); a clear error otherwise."""
+    that a finished run left them there with the settings of ``cfg``; a clear error otherwise.
+    The settings compared are those the runs take effect with (the same flags on a GPU host
+    are the --long recipe), and the world's contents, not its file's path."""
     out = Path(cfg.out)
     summary = out / "results.json"
     needed = [summary, out / "backbone" / "config.json"]
@@ -65,32 +63,24 @@ def check_reusable(cfg: DemoConfig) -> str:
             f"--reuse-prms: no finished demo run in {out} ({', '.join(missing)} missing); run without --reuse-prms "
             "to train the PRMs there first"
         )
+    skip = set(NOT_TRAINING) | {"world_config"}
     try:
         before = json.loads(summary.read_text())
-        have = {k: v for k, v in before["config"].items() if k not in NOT_TRAINING + ("world_config",)}
+        if before["config"].get("backbone"):  # its sizes were read from that backbone, the one in OUT/backbone
+            skip |= {"hidden_size", "num_layers", "intermediate_size"}
+        have = {k: v for k, v in before["effective_config"].items() if k not in skip}
         have["world"] = before["world"]
-        skip = NOT_TRAINING + ("world_config",) + _BACKBONE_SIZES
-        have_eff = {k: v for k, v in before["effective_config"].items() if k not in skip}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise BetaPRMInputError(f"--reuse-prms: {summary} is not a demo run's results.json ({e})") from e
-    want = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING + ("world_config",)}
-    for f in fields(DemoConfig):
-        if f.name in want:  # a setting newer than that run: it ran at the default
-            have.setdefault(f.name, f.default)
+    want = {k: v for k, v in asdict(cfg.effective()).items() if k not in skip}
     want["world"] = (WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig()).to_dict()
     want = json.loads(json.dumps(want))
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    # The same flags on another device can be another recipe (--long on a GPU): compared as run.
-    want_eff = json.loads(json.dumps(asdict(cfg.effective())))
-    diff += sorted(
-        f"{k} (effective)" for k in set(want_eff) & set(have_eff) if want_eff[k] != have_eff[k] and k not in diff
-    )
-    have.update({f"{k} (effective)": v for k, v in have_eff.items()})
-    want.update({f"{k} (effective)": v for k, v in want_eff.items()})
+    # A setting newer than that run is not in its results: it ran before the setting existed.
+    diff = sorted(k for k in want if k in have and want[k] != have[k])
     if diff:
         raise BetaPRMInputError(
             f"--reuse-prms: the PRMs in {out} were trained with other settings ("
-            + ", ".join(f"{k}: {have.get(k)!r} there, {want.get(k)!r} here" for k in diff)
+            + ", ".join(f"{k}: {have[k]!r} there, {want[k]!r} here" for k in diff)
             + "); give the same settings, or run without --reuse-prms (in another --out to keep these)"
         )
     return str(before.get("prms_trained_by") or before.get("version"))
@@ -140,7 +130,8 @@ def run_demo(cfg: DemoConfig, log=None) -> dict:
     pooled = val_pools + test_pools
     traces = [(p.problem.question, t.steps) for p in pooled for t in p.traces]
     if cfg.reuse_prms:
-        _, tokenizer, eff = load_backbone(out, eff, log)
+        _, tokenizer, eff = load_backbone(out / "backbone", eff)
+        log(f"backbone: reusing {out / 'backbone'} (Llama {eff.hidden_size}x{eff.num_layers})")
         models, histories, flat = load_prms(out, device, log, traces)
     else:
         # The models are about to be replaced: an earlier run's results no longer describe them

@@ -40,7 +40,6 @@ from .progress import progress_bar
 from .provenance import (
     TaskRecords,
     completed_ids,
-    json_line,
     meta_path,
     open_output,
     part_files,
@@ -341,27 +340,21 @@ class SharedTaskRecords(TaskRecords):
             raise SystemExit(2)
         left = [i for i in self.ids if i not in self.done]
         self.mine = {left[j] for j in balanced_shares([1] * len(left), procs.world)[procs.rank]}
-        self._part = None
 
     def todo(self, tasks) -> list:
         return [t for t in tasks if t.id in self.mine]
 
     def __enter__(self):
-        self._part = PartWriter(self.out, self.procs)
+        self._file = PartWriter(self.out, self.procs)  # what TaskRecords appends to
         if self.progress and self.procs.main and self.mine:
             self._bar = progress_bar(len(self.mine), self.desc, "problem")
         return self
 
-    def write(self, task_id: str, record: dict) -> None:
-        self.fresh[task_id] = record
-        self._part.write([json_line(record)])
-        if self._bar:
-            self._bar.update(1)
+    def _append(self, line: str) -> None:
+        self._file.write([line])
 
     def __exit__(self, *exc):
-        for handle in (self._part, self._bar):
-            if handle:
-                handle.close()
+        super().__exit__(*exc)
         if exc[0] is None:
             self.procs.all_gather(None)  # every part complete from here on
             if self.procs.main:

@@ -613,10 +613,13 @@ class TaskRecords:
         """``record`` of a finished task: kept, and written (a NaN raises before it is)."""
         self.fresh[task_id] = record
         if self._file:
-            self._file.write(json_line(record))
-            self._file.flush()
+            self._append(json_line(record))
         if self._bar:
             self._bar.update(1)
+
+    def _append(self, line: str) -> None:
+        self._file.write(line)
+        self._file.flush()
 
     def __exit__(self, *exc):
         for handle in (self._file, self._bar):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import math
 import os
 import time
@@ -329,6 +330,22 @@ def check_batch(ids, flags, marker_id, pad_id, marker_repeat=1):
     return x, pos, labels, target
 
 
+def load_backbone(folder, eff):
+    """A backbone and its tokenizer saved by a demo run (its ``OUT/backbone``), and ``eff``
+    with its sizes set to the backbone's: ``(backbone, tokenizer, eff)``."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    backbone = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    eff = replace(
+        eff,
+        hidden_size=backbone.config.hidden_size,
+        num_layers=backbone.config.num_hidden_layers,
+        intermediate_size=backbone.config.intermediate_size,
+    )
+    return backbone, tokenizer, eff
+
+
 def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
     """The word-level tokenizer and the pretrained backbone (or ``cfg.backbone`` reused),
     both saved to ``out/backbone``; returns ``(backbone, tokenizer, eff)`` with ``eff``'s
@@ -336,18 +353,9 @@ def build_backbone(cfg, eff, world, train_traces, out, log, device="cpu"):
     t0 = time.perf_counter()
     marker = "<prm>"
     if cfg.backbone:
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
         if not (Path(cfg.backbone) / "config.json").is_file():
             raise BetaPRMInputError(f"--backbone {cfg.backbone}: not a saved backbone (config.json missing)")
-        backbone = AutoModelForCausalLM.from_pretrained(cfg.backbone)
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.backbone)
-        eff = replace(
-            eff,
-            hidden_size=backbone.config.hidden_size,
-            num_layers=backbone.config.num_hidden_layers,
-            intermediate_size=backbone.config.intermediate_size,
-        )
+        backbone, tokenizer, eff = load_backbone(cfg.backbone, eff)
         if (eff.prm_freeze_layers or 0) > eff.num_layers:
             raise BetaPRMInputError(
                 f"--prm-freeze-layers {eff.prm_freeze_layers}: the backbone {cfg.backbone} has {eff.num_layers} "
@@ -416,30 +424,10 @@ def train_prm(eff, out, name, objective, seed, device, log, callbacks=None):
 PRM_JOBS = (("standard_prm", "soft-ce"), ("betaprm", "beta-binomial"))
 
 
-def load_backbone(out, eff, log):
-    """``build_backbone``'s ``(backbone, tokenizer, eff)`` read back from ``out/backbone``,
-    where an earlier run of the same settings saved them (``--reuse-prms``)."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    folder = Path(out) / "backbone"
-    backbone = AutoModelForCausalLM.from_pretrained(folder)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-    eff = replace(
-        eff,
-        hidden_size=backbone.config.hidden_size,
-        num_layers=backbone.config.num_hidden_layers,
-        intermediate_size=backbone.config.intermediate_size,
-    )
-    log(f"backbone: reusing {folder} (Llama {eff.hidden_size}x{eff.num_layers}, vocabulary {len(tokenizer)})")
-    return backbone, tokenizer, eff
-
-
 def load_prms(out, device, log, traces):
     """``train_prms``'s result from the PRMs an earlier run of the same settings saved in
     ``out`` (``--reuse-prms``): each loaded, its training history read from its
     ``train_summary.json``, its scores of ``traces`` made again."""
-    import json
-
     models, histories, scores = {}, {}, {}
     t0 = time.perf_counter()
     for name, objective in PRM_JOBS:
