@@ -66,6 +66,7 @@ __all__ = [
 # shares are balanced by tokens, so this is a wait for the slowest device, or for rank 0
 # checking the output before anyone starts. A process that dies makes torchrun stop the rest.
 TIMEOUT_MINUTES = 120
+EXIT_WAIT_S = 60
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,18 @@ def processes() -> Processes:
 
 
 def _end_process_group() -> None:
+    """At exit: the processes meet, then each takes the process group down. Without the
+    meeting, a process that tore its group down while another was still finishing (rank 0
+    merging the parts) sometimes aborted in gloo's teardown (SIGABRT: "terminate called
+    without an active exception"). A process that ends while the others are elsewhere
+    (one failed) waits at most ``EXIT_WAIT_S`` for them."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.monitored_barrier(timeout=timedelta(seconds=EXIT_WAIT_S))
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
