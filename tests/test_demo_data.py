@@ -308,6 +308,29 @@ def test_check_pretraining_trains_the_backbone_and_can_be_turned_off():
         DemoConfig(check_steps=-1)
 
 
+def test_check_batch_is_the_number_of_traces_per_check_step(monkeypatch):
+    from betaprm.formatting import TraceFormat
+    from betaprm.synth import training
+    from betaprm.tiny import tiny_causal_lm
+
+    w = World()
+    problems = w.sample_problems(5, 3, "c")
+    tok = _word_tokenizer_for(w, [t for p in problems for t in SynthPolicy(w, seed=1).sample_traces(p, 2)])
+    sizes = []
+    real = training.lm_proposals
+    monkeypatch.setattr(
+        training,
+        "lm_proposals",
+        lambda m, wd, t, f, chunk, *a: sizes.append(len(chunk)) or real(m, wd, t, f, chunk, *a),
+    )
+    model = tiny_causal_lm(len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, seed=0)
+    cfg = DemoConfig(quick=True, check_steps=2, check_batch=5).effective()
+    training.check_pretrain(model, cfg, w, tok, TraceFormat(), lambda line: None)
+    assert sizes == [5, 5] and DemoConfig().check_batch == 32
+    with pytest.raises(BetaPRMInputError, match="check_batch must be >= 1"):
+        DemoConfig(check_batch=0)
+
+
 def test_check_pretraining_stops_once_the_check_has_formed(monkeypatch):
     """The learning rate stays up until the replaced-result loss over the last
     ``CHECK_WINDOW`` steps is under ``check_until``, then decays over ``check_decay_steps``

@@ -74,8 +74,12 @@ def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> l
     run's ACA seed, so its records do not depend on which variants ran before it or where."""
     from ..scoring import PRMScorer  # torch: this module stays torch-free for the CLI (split_seeds)
 
+    counts: dict[str, int] = {}  # a step's text recurs across candidates and variants: encode it once
+
     def count(text):
-        return len(tokenizer.encode(text, add_special_tokens=False))
+        if text not in counts:
+            counts[text] = len(tokenizer.encode(text, add_special_tokens=False))
+        return counts[text]
 
     scorer = CachedScorer(PRMScorer(prm, 64))
     policy = CachedPolicy(SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count))

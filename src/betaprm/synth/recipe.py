@@ -64,6 +64,7 @@ class DemoConfig:
     )
     check_decay_steps: int | None = _f(None, "check pretraining's learning-rate decay, in steps (200; --quick 20)")
     check_lr: float = _f(1e-3, "check pretraining's peak learning rate (AdamW)")
+    check_batch: int = _f(32, "traces per check-pretraining step")
     prm_steps: int | None = _f(None, "optimiser steps for each PRM (1500; --quick 120, --long 6600)")
     prm_batch: int = _f(32, "traces per PRM optimiser step")
     prm_micro_batches: int | None = _f(
@@ -168,6 +169,8 @@ class DemoConfig:
             bad.append(f"check_steps must be >= 0, got {self.check_steps}")
         if self.check_decay_steps is not None and self.check_decay_steps < 1:
             bad.append(f"check_decay_steps must be >= 1, got {self.check_decay_steps}")
+        if self.check_batch < 1:
+            bad.append(f"check_batch must be >= 1, got {self.check_batch}")
         if self.check_lr <= 0:
             bad.append(f"check_lr must be > 0, got {self.check_lr}")
         if self.check_until < 0:

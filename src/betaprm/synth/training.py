@@ -231,7 +231,7 @@ def check_pretrain(model, cfg, world, tokenizer, fmt, log, device="cpu") -> int:
     torch.manual_seed(cfg.seed + 2)
     head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
     params = list(model.parameters()) + list(head.parameters())
-    steps, batch = cfg.check_steps, 32
+    steps, batch = cfg.check_steps, cfg.check_batch
     decay = max(1, min(cfg.check_decay_steps, steps))
     opt = torch.optim.AdamW(params, lr=cfg.check_lr, weight_decay=0.01)
     sched = check_schedule(opt, warmup=max(1, min(50, steps // 20)), decay=decay)
