@@ -204,6 +204,14 @@ def test_demo_writes_frontiers_that_agree_with_its_tables(tmp_path):
     assert r2["prms_trained_by"] == r["version"] and r2["config"]["reuse_prms"]
     assert r2["bon"] == r["bon"] and r2["aca_frontier"] == r["aca_frontier"] and r2["calibration"] == r["calibration"]
     claims.main([*args, "--demo-flags", " ".join(TINY), "--json", str(tmp_path / "c2.json")])
+    # A run made before a setting existed ran as its default does: read back as that default, and
+    # refused for another value.
+    for key in ("config", "effective_config"):
+        del r2[key]["check_batch"]
+    (out / "results.json").write_text(json.dumps(r2))
+    claims.main([*args, "--demo-flags", " ".join(TINY), "--json", str(tmp_path / "c3.json")])
+    bad = run_cli("demo", *TINY, "--check-batch", "16", "--seed", "0", "--out", str(out), "--reuse-prms", timeout=600)
+    assert bad.returncode != 0 and "check_batch: 32 there, 16 here" in bad.stderr
     # Other training settings are refused by name, before any work.
     bad = run_cli("demo", *TINY[:-1], "11", "--seed", "0", "--out", str(out), "--reuse-prms", timeout=600)
     assert bad.returncode != 0 and "prm_steps: 10 there, 11 here" in bad.stderr

@@ -75,8 +75,11 @@ def check_reusable(cfg: DemoConfig) -> str:
     want = {k: v for k, v in asdict(cfg.effective()).items() if k not in skip}
     want["world"] = (WorldConfig.from_json(cfg.world_config) if cfg.world_config else WorldConfig()).to_dict()
     want = json.loads(json.dumps(want))
-    # A setting newer than that run is not in its results: it ran before the setting existed.
-    diff = sorted(k for k in want if k in have and want[k] != have[k])
+    # A setting newer than that run is not in its results: the run ran as that setting's default
+    # does (a new setting keeps the old behaviour by default), so it is compared with the default.
+    default = DemoConfig(quick=cfg.quick, long=cfg.long, device=cfg.device).effective()
+    have = {**json.loads(json.dumps({k: v for k, v in asdict(default).items() if k in want})), **have}
+    diff = sorted(k for k in want if want[k] != have[k])
     if diff:
         raise BetaPRMInputError(
             f"--reuse-prms: the PRMs in {out} were trained with other settings ("
