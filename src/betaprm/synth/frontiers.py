@@ -299,24 +299,10 @@ def aca_table(
             "stop_reasons": summ["stop_reasons"],
         }
         if name == "aca":  # the same pools, final choice by S_lin (the ablation's shared rule)
-            lin = [
-                float(
-                    bool(
-                        r["candidates"][
-                            int(
-                                np.argmax(
-                                    candidate_scores(
-                                        [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]],
-                                        "lin",
-                                        0.5,
-                                    )
-                                )
-                            )
-                        ]["correct"]
-                    )
-                )
-                for r in recs
-            ]
+            lin = []
+            for r in recs:
+                pool = [StepScores(c["mu"], c["kappa"], c["sigma"]) for c in r["candidates"]]
+                lin.append(float(bool(r["candidates"][int(np.argmax(candidate_scores(pool, "lin", 0.5)))]["correct"])))
             table["aca_lin"] = {
                 "acc": float(np.mean(lin)),
                 "ci": list(bootstrap_ci(np.array(lin), seed=seed)),
