@@ -1,20 +1,18 @@
 """When does check pretraining's step check form? The demo's backbone stage alone (its data,
 word-level tokenizer, language-model pretraining and check pretraining), as ``betaprm demo``
-runs it, for one world, seed and check-pretraining learning rate; the demo's log lines up to
-the backbone, then the step the check formed at (or that it did not).
+runs it, for one world, seed and check-pretraining setting: the demo's log lines up to the
+backbone, among them the step the check formed at (or that it had not formed).
 
     python benchmarks/check_formation.py --seed 0 --check-lr 5e-4 [--world-config W.json]
         [--check-steps 2000] [--out DIR]
 
 The formation step is the largest variable term in the demo's time (every 100 check steps
-cost about 25 s on 2 cores), so this is how a check-pretraining setting is probed without
+cost 20-25 s on 2 cores), so this is how a check-pretraining setting is probed without
 training PRMs. With the default settings the log equals the first lines of
 ``betaprm demo --seed S`` to the bit.
 """
 
 import argparse
-import dataclasses
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -44,10 +42,8 @@ def main() -> None:
     eff = cfg.effective()
     world = World(WorldConfig.from_json(args.world_config) if args.world_config else WorldConfig())
     t0 = time.perf_counter()
-    lines = []
 
     def log(line):
-        lines.append(line)
         print(f"{time.perf_counter() - t0:6.0f}s {line}", flush=True)
 
     data = demo_data(world, eff, args.seed)
@@ -55,11 +51,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.out or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        build_backbone(cfg, dataclasses.replace(eff), world, data.train_traces, out, log)
-    formed = [m for line in lines if (m := re.search(r"check (formed|has not formed) by step (\d+)", line))]
-    if formed:
-        what, step = formed[-1].groups()
-        print(f"check {'formed' if what == 'formed' else 'not formed'} by step {step} (check-lr {args.check_lr:g})")
+        build_backbone(cfg, eff, world, data.train_traces, out, log)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ accuracy against generated tokens (``evaluation.frontier``), compared at matched
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -74,12 +75,9 @@ def _aca_variants(world: World, problems, prm, acfgs, tokenizer, seed: int) -> l
     run's ACA seed, so its records do not depend on which variants ran before it or where."""
     from ..scoring import PRMScorer  # torch: this module stays torch-free for the CLI (split_seeds)
 
-    counts: dict[str, int] = {}  # a step's text recurs across candidates and variants: encode it once
-
+    @functools.cache  # a step's text recurs across candidates and variants: encode it once
     def count(text):
-        if text not in counts:
-            counts[text] = len(tokenizer.encode(text, add_special_tokens=False))
-        return counts[text]
+        return len(tokenizer.encode(text, add_special_tokens=False))
 
     scorer = CachedScorer(PRMScorer(prm, 64))
     policy = CachedPolicy(SynthPolicy(world, seed=split_seeds(seed).aca_policy, count_tokens=count))
